@@ -1,0 +1,81 @@
+"""The one place a ``DictConfig`` becomes a typed ``WorkflowConfig``.
+
+The Hydra entry point calls :func:`to_typed` once; everything below it takes
+typed objects. The trainer and the Slurm jobs call :func:`load_run_config` on
+the resolved ``RUN_DIR/config.yaml`` the planner wrote, so every rank and
+every step sees exactly what was validated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from fsdp_workflow.config.schema import WorkflowConfig, register_configs
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = PROJECT_ROOT / "conf"
+
+
+def register_resolvers() -> None:
+    """Register ``${fw.root:}`` (the project root, for shipped data paths). Idempotent."""
+    if not OmegaConf.has_resolver("fw.root"):
+        OmegaConf.register_new_resolver("fw.root", lambda: str(PROJECT_ROOT))
+
+
+def to_typed(cfg: DictConfig) -> WorkflowConfig:
+    """Resolve interpolations and convert to the typed dataclass tree.
+
+    Raises:
+        omegaconf.errors.OmegaConfBaseException: on a missing mandatory value or a
+            type error; the CLI turns these into a message naming the key.
+    """
+    register_resolvers()
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, WorkflowConfig):  # composed without the schema: merge it in
+        merged = OmegaConf.merge(OmegaConf.structured(WorkflowConfig), cfg)
+        obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, WorkflowConfig)
+    return obj
+
+
+def to_yaml(cfg: WorkflowConfig) -> str:
+    """Serialise a typed config back to YAML (enums as their names)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def load_run_config(path: str | Path) -> WorkflowConfig:
+    """Load a resolved ``config.yaml`` (or a run directory holding one) as a typed config."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no config.yaml here. Pass the run directory written by "
+            "`python -m fsdp_workflow ... dry_run=true run_dir=DIR` (or its config.yaml)."
+        )
+    schema = OmegaConf.structured(WorkflowConfig)
+    return to_typed(OmegaConf.merge(schema, OmegaConf.load(path)))
+
+
+def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:
+    """Compose ``conf/`` with Hydra's compose API and return the typed config.
+
+    For tests and notebooks; the CLI goes through ``@hydra.main``. ``run_dir``
+    defaults to ``runs/compose`` here because there is no Hydra runtime.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    register_resolvers()
+    ov: List[str] = list(overrides or [])
+    if not any(o.startswith("run_dir=") for o in ov):
+        ov.append("run_dir=runs/compose")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=ov)
+    return to_typed(cfg)

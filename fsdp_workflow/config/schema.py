@@ -1,0 +1,337 @@
+"""Typed schema of every config group.
+
+Values live in ``conf/*.yaml``; the shapes live here. Each YAML file links to
+its schema through its defaults list, so Hydra rejects an unknown key or a
+wrongly typed value at compose time and names the key. Choices are ``Enum``s
+because OmegaConf 2.3 rejects ``Literal``. Units are in the field names
+(``time_min``, ``mem_gb``, ``signal_delay_s``); counts start with ``num_``.
+
+This module imports neither torch nor transformers: planning must answer in
+about a second on a login node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+# --------------------------------------------------------------------------- enums
+class StrategyName(str, Enum):
+    """How parameters, gradients and optimizer state are distributed."""
+
+    fsdp2 = "fsdp2"
+    fsdp1 = "fsdp1"
+    ddp = "ddp"
+    deepspeed_zero1 = "deepspeed_zero1"
+    deepspeed_zero2 = "deepspeed_zero2"
+    deepspeed_zero3 = "deepspeed_zero3"
+
+
+class StateDictType(str, Enum):
+    """FSDP checkpoint layout (Accelerate's ``FSDP_STATE_DICT_TYPE``)."""
+
+    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
+    FULL_STATE_DICT = "FULL_STATE_DICT"
+    LOCAL_STATE_DICT = "LOCAL_STATE_DICT"
+
+
+class AutoWrapPolicy(str, Enum):
+    """Which submodules become FSDP units (Accelerate's ``FSDP_AUTO_WRAP_POLICY``)."""
+
+    TRANSFORMER_BASED_WRAP = "TRANSFORMER_BASED_WRAP"
+    SIZE_BASED_WRAP = "SIZE_BASED_WRAP"
+    NO_WRAP = "NO_WRAP"
+
+
+class ShardingStrategy(str, Enum):
+    """FSDP1 sharding strategy (FSDP2 expresses it with ``reshard_after_forward``)."""
+
+    FULL_SHARD = "FULL_SHARD"
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"
+    NO_SHARD = "NO_SHARD"
+    HYBRID_SHARD = "HYBRID_SHARD"
+    HYBRID_SHARD_ZERO2 = "HYBRID_SHARD_ZERO2"
+
+
+class BackwardPrefetch(str, Enum):
+    BACKWARD_PRE = "BACKWARD_PRE"
+    BACKWARD_POST = "BACKWARD_POST"
+    NO_PREFETCH = "NO_PREFETCH"
+
+
+class OffloadDevice(str, Enum):
+    """DeepSpeed offload target."""
+
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+
+class MixedPrecision(str, Enum):
+    """Accelerate's ``ACCELERATE_MIXED_PRECISION``."""
+
+    no = "no"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ModelInit(str, Enum):
+    """``pretrained`` loads weights from ``model.name_or_path``; ``random`` builds from the shape fields."""
+
+    pretrained = "pretrained"
+    random = "random"
+
+
+class DataSource(str, Enum):
+    synthetic = "synthetic"  # random token ids; for smoke runs and benchmarks
+    text = "text"  # plain text file(s), one document per blank-line-separated block
+    jsonl = "jsonl"  # JSON lines with a text field
+    parquet = "parquet"  # Parquet file(s) with a text column
+    hf_disk = "hf_disk"  # a dataset saved with datasets.save_to_disk
+
+
+class OptimizerName(str, Enum):
+    adamw = "adamw"  # torch.optim.AdamW, fused where the device supports it
+    adamw_torch_8bit = "adamw_torch_8bit"  # torchao's 8-bit AdamW; works with FSDP2 DTensors
+    adamw_8bit = "adamw_8bit"  # bitsandbytes 8-bit AdamW
+    adamw_bnb_8bit = "adamw_bnb_8bit"  # alias of adamw_8bit (HF Trainer name)
+    sgd = "sgd"
+
+
+class SchedulerName(str, Enum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
+class ClusterKind(str, Enum):
+    local = "local"  # run on this machine with torchrun
+    slurm = "slurm"  # submit a Slurm job chain
+
+
+class Device(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class Launcher(str, Enum):
+    """Per-node launcher. ``torchrun`` keeps FSDP even with one process (see docs/strategies.md)."""
+
+    torchrun = "torchrun"
+    accelerate = "accelerate"
+
+
+class ContainerRuntime(str, Enum):
+    none = "none"
+    apptainer = "apptainer"
+    pyxis = "pyxis"
+
+
+class OutputDtype(str, Enum):
+    keep = "keep"  # keep the dtype the checkpoint stores
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+# --------------------------------------------------------------------------- groups
+@dataclass
+class ModelConfig:
+    """The causal LM to fine-tune. Shape fields drive random init and the memory estimate."""
+
+    name: str = MISSING  # short label used in run names and summaries
+    init: ModelInit = ModelInit.pretrained
+    name_or_path: Optional[str] = None  # local HF model directory (never a hub id at run time)
+    tokenizer: Optional[str] = None  # local tokenizer dir; None: name_or_path, or a byte-level one for random init
+    model_type: str = "llama"  # transformers model_type used for random init
+    architecture: str = "LlamaForCausalLM"  # transformers class name
+    decoder_layer_cls: str = "LlamaDecoderLayer"  # FSDP wrap unit / activation-checkpoint unit
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    max_position_embeddings: int = 8192  # longest sequence the model supports, in tokens
+    rope_theta: float = 500000.0
+    tie_word_embeddings: bool = False
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool = False  # HF gradient checkpointing (do not combine with FSDP's)
+    load_in_4bit: bool = False  # quantized (QLoRA-style) base weights
+    trust_remote_code: bool = False
+    extra_config: Dict[str, Any] = field(default_factory=dict)  # more HF config fields for random init
+
+
+@dataclass
+class DataConfig:
+    """Where training text comes from and how it is turned into packed sequences."""
+
+    source: DataSource = DataSource.synthetic
+    path: Optional[str] = None  # file, directory or glob; unused for synthetic
+    text_field: str = "text"  # JSONL/Parquet/HF column holding the text
+    eval_path: Optional[str] = None  # held-out data for perplexity; None: hold out eval_fraction
+    eval_fraction: float = 0.05  # share of documents held out when eval_path is None
+    add_eos: bool = True  # append EOS between packed documents
+    seed: int = 1234  # shuffling seed (independent of train.seed)
+
+
+@dataclass
+class StrategyConfig:
+    """Distribution strategy. Turned into Accelerate's environment by config/accelerate_env.py."""
+
+    name: StrategyName = MISSING
+    # FSDP (1 and 2)
+    state_dict_type: StateDictType = StateDictType.SHARDED_STATE_DICT
+    auto_wrap_policy: AutoWrapPolicy = AutoWrapPolicy.TRANSFORMER_BASED_WRAP
+    min_num_params: Optional[int] = None  # SIZE_BASED_WRAP threshold, in parameters
+    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (ZeRO-3 style)
+    sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD  # FSDP1 only
+    backward_prefetch: BackwardPrefetch = BackwardPrefetch.BACKWARD_PRE  # FSDP1 only
+    forward_prefetch: bool = False  # FSDP1 only
+    offload_params: bool = False  # keep sharded params on CPU
+    activation_checkpointing: bool = False  # FSDP's activation checkpointing of decoder layers
+    cpu_ram_efficient_loading: bool = True  # load weights on rank 0 only, others on meta
+    sync_module_states: bool = True  # broadcast rank 0's weights (FSDP1 needs it with the above)
+    use_orig_params: bool = True  # FSDP1 only
+    # DeepSpeed
+    zero_stage: Optional[int] = None  # 1, 2 or 3 for the deepspeed_* strategies
+    offload_optimizer_device: OffloadDevice = OffloadDevice.none
+    offload_param_device: OffloadDevice = OffloadDevice.none
+    zero3_init_flag: bool = True  # build the model partitioned under ZeRO-3
+    zero3_save_16bit_model: bool = True  # gather a 16-bit model at save under ZeRO-3
+    # parallel dimensions beyond data parallelism
+    tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerName = OptimizerName.adamw
+    lr: float = 2.0e-5
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1.0e-8
+    fused: Optional[bool] = None  # None: fused where the device supports it
+    scheduler: SchedulerName = SchedulerName.cosine
+    warmup_steps: int = 0  # linear warmup, in optimizer steps
+    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine/linear)
+    max_grad_norm: Optional[float] = 1.0  # None disables clipping
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. Every #SBATCH option a site needs is reachable here."""
+
+    kind: ClusterKind = ClusterKind.local
+    device: Device = Device.cuda
+    nodes: int = 1
+    processes_per_node: int = 1  # ranks per node: GPUs per node on GPU clusters
+    gpu_mem_gb: float = 80.0  # memory of one accelerator, for the memory estimate
+    launcher: Launcher = Launcher.torchrun
+    # Slurm: training job
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60  # wall-clock limit of the training job, in minutes
+    mem_gb: Optional[int] = None  # memory per node, in GB (None: site default)
+    cpus_per_task: int = 8  # one task per node runs the node's launcher
+    gpus_per_node: Optional[int] = None  # None: processes_per_node when device=cuda, 0 on cpu
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    additional_parameters: Dict[str, str] = field(default_factory=dict)  # more #SBATCH key=value
+    setup: List[str] = field(default_factory=list)  # lines run before the launcher (module load ...)
+    signal_delay_s: int = 300  # SIGUSR2 this long before the time limit: checkpoint and requeue
+    max_requeues: int = 3  # bounded retries after preemption/timeout
+    master_port_base: int = 20000  # rendezvous port = base + job_id % port_range (below the ephemeral range)
+    port_range: int = 10000
+    rdzv_timeout_s: int = 600  # rendezvous / collective timeout: a dead node fails the step this fast
+    nccl_env: Dict[str, str] = field(default_factory=dict)  # NCCL_* and other presets
+    log_dir: Optional[str] = None  # None: RUN_DIR/logs
+    # Slurm: consolidation job (CPU only)
+    consolidate_partition: Optional[str] = None  # None: partition
+    consolidate_time_min: int = 60
+    consolidate_mem_gb: int = 8
+    consolidate_cpus: int = 2
+
+
+@dataclass
+class ContainerConfig:
+    """Run each step inside an image."""
+
+    runtime: ContainerRuntime = ContainerRuntime.none
+    image: Optional[str] = None  # .sif path (apptainer) or image reference (pyxis)
+    binds: List[str] = field(default_factory=list)  # extra host paths (src[:dst[:opts]])
+    env: Dict[str, str] = field(default_factory=dict)  # variables set inside the container
+    extra_args: List[str] = field(default_factory=list)  # more runtime arguments, passed as given
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps
+    seq_len: int = 2048  # packed sequence length, in tokens
+    micro_batch_size: int = 1  # sequences per rank per forward
+    grad_accum_steps: int = 1
+    global_batch_size: Optional[int] = None  # sequences per optimizer step; checked if set
+    mixed_precision: MixedPrecision = MixedPrecision.bf16
+    seed: int = 42
+    log_every_steps: int = 10
+    eval_every_steps: int = 0  # 0: no in-loop evaluation
+    eval_batches: int = 8
+    compile: bool = False  # torch.compile the model after wrapping
+    peak_tflops: Optional[float] = None  # per device, for MFU; None: guessed from the device name
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 500  # save a sharded checkpoint every N optimizer steps; 0: only at the end
+    keep_last: int = 3  # prune older checkpoints; 0 keeps all
+    async_save: bool = False  # DCP async save: the loop stalls only for the device-to-host copy
+    resume: str = "auto"  # auto | none | path to a checkpoints/step-N directory
+    save_final: bool = True  # checkpoint after the last step
+
+
+@dataclass
+class ConsolidateConfig:
+    enabled: bool = True  # run the dependent consolidation step after training
+    dtype: OutputDtype = OutputDtype.bf16
+    max_shard_size: str = "5GB"
+    output_dir: Optional[str] = None  # None: RUN_DIR/hf_model
+    every_checkpoint: bool = False  # consolidate and evaluate each saved checkpoint (Slurm)
+    remove_sharded: bool = False  # delete the shards after a verified consolidation
+    verify: bool = True
+
+
+@dataclass
+class WorkflowConfig:
+    """The root config: ``python -m fsdp_workflow`` composes exactly this."""
+
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    strategy: StrategyConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    container: ContainerConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
+    run_dir: str = MISSING  # where config, scripts, logs, checkpoints and the model go
+    dry_run: bool = False  # plan and write scripts, submit nothing
+    name: str = "run"  # job name prefix on Slurm
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (YAML files name these in their defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="workflow_schema", node=WorkflowConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="strategy", name="strategy_schema", node=StrategyConfig)
+    cs.store(group="optimizer", name="optimizer_schema", node=OptimizerConfig)
+    cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+    cs.store(group="container", name="container_schema", node=ContainerConfig)
