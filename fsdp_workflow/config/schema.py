@@ -201,6 +201,7 @@ class StrategyConfig:
     zero_stage: Optional[int] = None  # 1, 2 or 3 for the deepspeed_* strategies
     offload_optimizer_device: OffloadDevice = OffloadDevice.none
     offload_param_device: OffloadDevice = OffloadDevice.none
+    offload_nvme_path: Optional[str] = None  # local NVMe directory, needed when an offload device is nvme
     zero3_init_flag: bool = True  # build the model partitioned under ZeRO-3
     zero3_save_16bit_model: bool = True  # gather a 16-bit model at save under ZeRO-3
     # parallel dimensions beyond data parallelism
