@@ -1,0 +1,74 @@
+"""Run a plan on this machine: the node script under torchrun, then consolidation.
+
+The same ``train_node.sh`` that Slurm runs on each node runs here, with the
+rendezvous on 127.0.0.1 and a free port, so a local smoke run exercises the
+exact launch a cluster job would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import List
+
+from fsdp_workflow.exit_codes import EXIT_REQUEUE
+from fsdp_workflow.plan.spec import REQUEUE_MARKER, TRAIN_NODE_SCRIPT, LaunchPlan
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(argv: List[str], env: dict) -> int:
+    """Run a child in its own process group; forward Ctrl-C/SIGTERM to all of it."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_local(plan: LaunchPlan, consolidate: bool) -> int:
+    """Train, then consolidate. Returns the exit code for the CLI."""
+    env = dict(os.environ)
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
+    env.update(plan.nccl_env)
+    print(f"[fsdp_workflow] training: {plan.run_dir}/logs, metrics in {plan.run_dir}/metrics.jsonl", file=sys.stderr)
+    rc = _run(["bash", str(plan.run_dir / TRAIN_NODE_SCRIPT)], env)
+    if rc != 0:
+        if (plan.run_dir / REQUEUE_MARKER).exists():
+            print(
+                f"[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
+                f"command with checkpoint.resume=auto run_dir={plan.run_dir} to continue.",
+                file=sys.stderr,
+            )
+            return EXIT_REQUEUE
+        print(f"[fsdp_workflow] training failed (exit code {rc}); consolidation skipped.", file=sys.stderr)
+        return rc
+    if not consolidate:
+        print(f"[fsdp_workflow] done; checkpoints in {plan.run_dir / 'checkpoints'}", file=sys.stderr)
+        return 0
+    argv = list(plan.consolidate_argv)
+    if argv[:1] == ["python"]:
+        argv[0] = sys.executable
+    print("[fsdp_workflow] consolidating: " + " ".join(argv[-6:]), file=sys.stderr)
+    rc = _run(argv, env)
+    if rc != 0:
+        print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
+        return rc
+    return 0

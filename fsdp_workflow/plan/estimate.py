@@ -1,0 +1,121 @@
+"""Batch arithmetic and a per-GPU memory estimate, from the config alone.
+
+The estimate is deliberately simple (parameter count from the shape fields,
+bytes per parameter by sharding scheme, a Korthikanti-style activation term)
+so that a planner on a login node can say "this will not fit" before hours in
+the queue. It is an estimate: the summary says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from fsdp_workflow.config.schema import (
+    Device,
+    MixedPrecision,
+    ModelConfig,
+    OptimizerName,
+    StrategyName,
+    WorkflowConfig,
+)
+
+GIB = 1024**3
+
+
+def num_params(m: ModelConfig) -> int:
+    """Parameters of a Llama-family decoder (Llama, Mistral, Qwen2) from its shapes."""
+    h, i, v = m.hidden_size, m.intermediate_size, m.vocab_size
+    head_dim = h // max(m.num_attention_heads, 1)
+    kv = m.num_key_value_heads * head_dim
+    attn = 2 * h * h + 2 * h * kv  # q, o and k, v projections
+    if m.model_type == "qwen2":
+        attn += h + 2 * kv  # q/k/v biases
+    per_layer = attn + 3 * h * i + 2 * h
+    embed = v * h * (1 if m.tie_word_embeddings else 2)
+    return m.num_hidden_layers * per_layer + embed + h
+
+
+def _optimizer_bytes(name: OptimizerName) -> float:
+    if name in (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit, OptimizerName.adamw_torch_8bit):
+        return 2.0
+    if name == OptimizerName.sgd:
+        return 4.0
+    return 8.0  # two fp32 moments
+
+
+@dataclass
+class MemoryEstimate:
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.params_gib + self.grads_gib + self.optimizer_gib + self.activations_gib
+
+
+def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
+    """Per-rank memory for parameters, gradients, optimizer state and activations."""
+    p = num_params(cfg.model)
+    world = max(cfg.cluster.nodes * cfg.cluster.processes_per_node, 1)
+    opt = _optimizer_bytes(cfg.optimizer.name) * p
+    low = 2 if cfg.train.mixed_precision != MixedPrecision.no else 4
+    s = cfg.strategy.name
+    if s in (StrategyName.fsdp2, StrategyName.fsdp1):
+        # fp32 sharded master params and grads; the optimizer follows the shards.
+        params, grads, opt = 4 * p / world, 4 * p / world, opt / world
+    elif s == StrategyName.deepspeed_zero1:
+        params, grads, opt = low * p + 4 * p / world, low * p, opt / world
+    elif s == StrategyName.deepspeed_zero2:
+        params, grads, opt = low * p + 4 * p / world, low * p / world, opt / world
+    elif s == StrategyName.deepspeed_zero3:
+        params, grads, opt = (low + 4) * p / world, low * p / world, opt / world
+    else:  # ddp: everything replicated
+        params, grads = 4 * p, 4 * p
+    m, t = cfg.model, cfg.train
+    tokens = t.micro_batch_size * t.seq_len
+    checkpointed = cfg.strategy.activation_checkpointing or m.gradient_checkpointing
+    per_layer_full = 34 * tokens * m.hidden_size * low / 2  # bytes, sdpa (no s^2 term)
+    if checkpointed:
+        acts = m.num_hidden_layers * tokens * m.hidden_size * low + per_layer_full
+    else:
+        acts = m.num_hidden_layers * per_layer_full
+    acts += 2 * tokens * m.vocab_size * 4  # fp32 logits and their gradient
+    return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
+
+
+def summary_lines(cfg: WorkflowConfig) -> List[str]:
+    """The human summary printed by the planner."""
+    c, t = cfg.cluster, cfg.train
+    world = c.nodes * c.processes_per_node
+    dp = max(world // max(cfg.strategy.tensor_parallel_size * cfg.strategy.context_parallel_size, 1), 1)
+    global_batch = t.micro_batch_size * t.grad_accum_steps * dp
+    est = estimate_memory(cfg)
+    unit = "GPU" if c.device == Device.cuda else "process"
+    lines = [
+        f"model        {cfg.model.name}: {num_params(cfg.model) / 1e9:.3g} B parameters ({cfg.model.architecture})",
+        f"strategy     {cfg.strategy.name.value}, mixed precision {t.mixed_precision.value}",
+        f"world size   {world} = {c.nodes} node(s) x {c.processes_per_node} process(es), data parallel {dp}",
+        f"global batch {global_batch} sequences = micro {t.micro_batch_size} x accum {t.grad_accum_steps} x dp {dp}",
+        f"tokens/step  {global_batch * t.seq_len:,} (seq_len {t.seq_len}); {t.max_steps} steps "
+        f"= {global_batch * t.seq_len * t.max_steps / 1e9:.3g} B tokens",
+        f"memory       ~{est.total_gib:.1f} GiB per {unit} (estimate): params {est.params_gib:.1f}, grads "
+        f"{est.grads_gib:.1f}, optimizer {est.optimizer_gib:.1f}, activations {est.activations_gib:.1f}",
+    ]
+    return lines
+
+
+def memory_warning(cfg: WorkflowConfig) -> str | None:
+    """A warning when the estimate exceeds the accelerator's memory, else None."""
+    if cfg.cluster.device != Device.cuda:
+        return None
+    est = estimate_memory(cfg)
+    if est.total_gib <= cfg.cluster.gpu_mem_gb:
+        return None
+    return (
+        f"cluster.gpu_mem_gb={cfg.cluster.gpu_mem_gb:g}: the estimate of {est.total_gib:.1f} GiB per GPU "
+        "exceeds it. Shard more (more nodes, strategy=fsdp2 or deepspeed_zero3), turn on "
+        "strategy.activation_checkpointing=true, or lower train.micro_batch_size."
+    )
