@@ -24,6 +24,12 @@ HOST_SHORT="$(hostname -s)"
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
+# Serialise up/down of both clusters (concurrent pytest sessions, CI).
+take_lock() {
+    exec 9>"${FSDP_SLURM_STATE%/}.lock"
+    flock -w 600 9 || die "could not lock ${FSDP_SLURM_STATE%/}.lock"
+}
+
 pid_alive() { # pidfile
     [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
@@ -97,7 +103,7 @@ ensure_munge() {
     chown munge:munge /run/munge /var/log/munge /var/lib/munge
     if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return 0; fi
     log "starting munged"
-    runuser -u munge -- /usr/sbin/munged --force
+    runuser -u munge -- /usr/sbin/munged --force 9>&-
     wait_for 10 munge sh -c 'munge -n | unmunge' || die "munged did not come up (see /var/log/munge/munged.log)"
 }
 
@@ -127,7 +133,7 @@ ensure_accounting() {
             --bind-address=127.0.0.1 --port="$MARIADB_PORT" \
             --log-error="$DB_DIR/log/mariadb.err" \
             --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 \
-            --skip-name-resolve </dev/null >/dev/null 2>&1 &
+            --skip-name-resolve </dev/null >/dev/null 2>&1 9>&- &
         wait_for 60 mariadb mariadb --no-defaults --socket="$DB_DIR/mysqld.sock" -u root -e 'select 1' \
             || die "MariaDB did not start; see $DB_DIR/log/mariadb.err"
         mariadb --no-defaults --socket="$DB_DIR/mysqld.sock" -u root -e "
@@ -158,7 +164,7 @@ EOF
         # slurmdbd reads slurmdbd.conf next to $SLURM_CONF.
         : >"$DB_DIR/etc/slurm.conf"
         log "starting slurmdbd on port $SLURMDBD_PORT"
-        SLURM_CONF="$DB_DIR/etc/slurm.conf" setsid /usr/sbin/slurmdbd </dev/null >/dev/null 2>&1
+        SLURM_CONF="$DB_DIR/etc/slurm.conf" setsid /usr/sbin/slurmdbd </dev/null >/dev/null 2>&1 9>&-
         wait_for 60 slurmdbd bash -c "exec 3<>/dev/tcp/127.0.0.1/$SLURMDBD_PORT" \
             || die "slurmdbd did not start; see $DB_DIR/log/slurmdbd.log"
     fi

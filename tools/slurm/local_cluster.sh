@@ -105,10 +105,10 @@ cmd_up() {
     ensure_accounting
     write_conf
     log "starting slurmctld (port $CTLD_PORT)"
-    SLURM_CONF="$CONF" setsid /usr/sbin/slurmctld -i </dev/null >/dev/null 2>&1
+    SLURM_CONF="$CONF" setsid /usr/sbin/slurmctld -i </dev/null >/dev/null 2>&1 9>&-
     wait_for 60 slurmctld ctld_ok || die "slurmctld did not answer; see $D/log/slurmctld.log"
     log "starting slurmd (port $SLURMD_PORT, CPUs=$NODE_CPUS)"
-    SLURM_CONF="$CONF" setsid /usr/sbin/slurmd </dev/null >/dev/null 2>&1
+    SLURM_CONF="$CONF" setsid /usr/sbin/slurmd </dev/null >/dev/null 2>&1 9>&-
     wait_for 60 "node idle" node_idle \
         || die "node $HOST_SHORT is '$(node_state)', not idle; see $D/log/slurmd.$HOST_SHORT.log"
     update_etc_symlink
@@ -156,8 +156,8 @@ cmd_status() {
 }
 
 case "${1:-}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
+    up) take_lock; cmd_up ;;
+    down) take_lock; cmd_down ;;
     status) cmd_status ;;
     env) echo "export SLURM_CONF=$CONF" ;;
     *) echo "usage: $0 {up|down|status|env}" >&2; exit 2 ;;

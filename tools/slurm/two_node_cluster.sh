@@ -131,7 +131,7 @@ start_slurmd() { # node
     SLURM_CONF="$CONF" nsenter --net="/var/run/netns/$n" \
         unshare --uts --mount --propagation private \
         sh -c 'hostname "$1" && mount --bind "$2" /etc/slurm && exec setsid /usr/sbin/slurmd -N "$1" </dev/null >/dev/null 2>&1' \
-        sh "$n" "$D/etc"
+        sh "$n" "$D/etc" 9>&-
 }
 
 ctld_ok() { SLURM_CONF="$CONF" scontrol ping 2>/dev/null | grep -q 'is UP'; }
@@ -175,7 +175,7 @@ cmd_up() {
     net_up
     write_conf
     log "starting slurmctld (port $CTLD_PORT, address $NET.1)"
-    SLURM_CONF="$CONF" setsid /usr/sbin/slurmctld -i </dev/null >/dev/null 2>&1
+    SLURM_CONF="$CONF" setsid /usr/sbin/slurmctld -i </dev/null >/dev/null 2>&1 9>&-
     wait_for 60 slurmctld ctld_ok || die "slurmctld did not answer; see $D/log/slurmctld.log"
     for n in "${NODES[@]}"; do
         log "starting slurmd $n ($(node_ip "$n"):$SLURMD_PORT, CPUs=$NODE_CPUS)"
@@ -218,8 +218,8 @@ cmd_status() {
 }
 
 case "${1:-}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
+    up) take_lock; cmd_up ;;
+    down) take_lock; cmd_down ;;
     status) cmd_status ;;
     env) echo "export SLURM_CONF=$CONF" ;;
     *) echo "usage: $0 {up|down|status|env}" >&2; exit 2 ;;
