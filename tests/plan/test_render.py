@@ -1,0 +1,108 @@
+"""Rendered job scripts: golden files per experiment, and hostile run-dir paths.
+
+Regenerate the golden files after an intended change with:
+    FSDP_WORKFLOW_REGEN_GOLDEN=1 python -m pytest tests/plan/test_render.py
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fsdp_workflow.config import compose
+from fsdp_workflow.plan.render import render_all, shell_join
+from fsdp_workflow.plan.spec import build_plan
+
+GOLDEN = Path(__file__).parent / "golden"
+EXPERIMENTS = ["smoke", "llama8b_fft", "llama8b_zero3", "qwen7b_fft", "mistral7b_fft"]
+REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"
+
+
+def _cfg(experiment: str, run_dir: str, *extra: str):
+    return compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir='{run_dir}'", *extra])
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_scripts_match_golden(experiment: str) -> None:
+    scripts = render_all(build_plan(_cfg(experiment, f"/runs/{experiment}")))
+    for name, text in scripts.items():
+        path = GOLDEN / experiment / name
+        if REGEN:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        assert path.exists(), f"missing golden file {path}; regenerate with FSDP_WORKFLOW_REGEN_GOLDEN=1"
+        assert text == path.read_text(), (
+            f"{name} for {experiment} differs from {path}. If the change is intended, regenerate "
+            "with FSDP_WORKFLOW_REGEN_GOLDEN=1 python -m pytest tests/plan/test_render.py and review the diff."
+        )
+
+
+def test_multinode_launch_reads_node_rank_in_the_task() -> None:
+    scripts = render_all(build_plan(_cfg("llama8b_fft", "/runs/x")))
+    node = scripts["train_node.sh"]
+    # expanded by the per-node task, never by the batch shell
+    assert '"--node_rank=${SLURM_NODEID:-0}"' in node
+    assert "SLURM_NODEID" not in scripts["train.sbatch"].split("srun", 1)[0].replace("${SLURM_NODEID", "")
+    sbatch = scripts["train.sbatch"]
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in sbatch
+    assert "localhost" not in (sbatch + node).replace("never localhost", "")
+    assert "--kill-on-bad-exit=1" in sbatch
+    assert "#SBATCH --signal=USR2@300" in sbatch
+
+
+def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
+    submit = render_all(build_plan(_cfg("smoke", "/runs/x")))["submit.sh"]
+    assert '"--dependency=afterok:${train_id}" --kill-on-invalid-dep=yes' in submit
+
+
+def test_no_consolidation_job_when_disabled() -> None:
+    scripts = render_all(build_plan(_cfg("smoke", "/runs/x", "consolidate.enabled=false")))
+    assert "consolidate.sbatch" not in scripts
+    assert "dependency" not in scripts["submit.sh"]
+
+
+def test_unsafe_sbatch_value_is_refused_with_the_key() -> None:
+    with pytest.raises(ValueError, match=r"cluster.account"):
+        build_plan(_cfg("smoke", "/runs/x", "cluster.account='a b'"))
+
+
+def _fake_bin(tmp: Path, name: str) -> Path:
+    """A stand-in that records its argv as JSON (only to check quoting of what bash passes)."""
+    bindir = tmp / "bin"
+    bindir.mkdir(exist_ok=True)
+    exe = bindir / name
+    exe.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"open(os.environ['ARGV_LOG'], 'a').write(json.dumps([{name!r}] + sys.argv[1:]) + '\\n')\n"
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return bindir
+
+
+def test_hostile_run_dir_reaches_the_launcher_as_one_argument(weird_dir: Path, tmp_path: Path) -> None:
+    from fsdp_workflow.plan.run_dir import write_run_dir
+
+    cfg = compose(["+experiment=smoke"])
+    cfg.run_dir = str(weird_dir)  # set directly: Hydra's override grammar has no newline escape
+    plan = write_run_dir(cfg)
+    for script in ("train_node.sh", "train.sbatch", "submit.sh", "consolidate.sbatch"):
+        res = subprocess.run(["bash", "-n", str(weird_dir / script)], capture_output=True, text=True)
+        assert res.returncode == 0, f"{script}: {res.stderr}"
+    log = tmp_path / "argv.jsonl"
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path, 'torchrun')}:{os.environ['PATH']}",
+               ARGV_LOG=str(log), MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", SLURM_NODEID="0")
+    res = subprocess.run(["bash", str(weird_dir / "train_node.sh")], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(log.read_text().splitlines()[0])
+    assert argv[-1] == str(plan.run_dir)
+    assert "--node_rank=0" in argv and "--master_addr=127.0.0.1" in argv and "--master_port=29999" in argv
+
+
+def test_shell_join_quotes_config_values() -> None:
+    assert shell_join(["echo", "a;b", "$(id)"]) == "echo 'a;b' '$(id)'"
