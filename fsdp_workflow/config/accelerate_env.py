@@ -91,6 +91,7 @@ def accelerate_env(cfg: WorkflowConfig) -> Dict[str, str]:
     }
     if is_fsdp(s.name):
         env.update(_fsdp_env(cfg))
+        env.update(_parallelism_env(cfg))
     elif is_deepspeed(s.name):
         env.update(_deepspeed_env(cfg))
     return env
@@ -126,6 +127,23 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
     # transformers reads this one too: non-zero ranks load on the meta device.
     env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = _flag(s.cpu_ram_efficient_loading)
     return env
+
+
+def _parallelism_env(cfg: WorkflowConfig) -> Dict[str, str]:
+    """Accelerate's ``ParallelismConfig`` variables, only when TP or CP is on (FSDP2)."""
+    s = cfg.strategy
+    tp, cp = s.tensor_parallel_size, s.context_parallel_size
+    if tp <= 1 and cp <= 1:
+        return {}
+    world = cfg.cluster.nodes * cfg.cluster.processes_per_node
+    return {
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1",
+        "PARALLELISM_CONFIG_DP_SHARD_SIZE": str(world // (tp * cp)),
+        "PARALLELISM_CONFIG_TP_SIZE": str(tp),
+        "PARALLELISM_CONFIG_CP_SIZE": str(cp),
+        "PARALLELISM_CONFIG_CP_BACKEND": "torch",
+    }
 
 
 def _deepspeed_env(cfg: WorkflowConfig) -> Dict[str, str]:

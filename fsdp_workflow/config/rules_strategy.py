@@ -1,0 +1,249 @@
+"""Strategy rules: FSDP1/FSDP2, DeepSpeed, DDP, and what they allow together.
+
+Most of these mirror checks Accelerate or torch make only once the model is
+being wrapped on every rank, or things they silently ignore (an FSDP knob
+under DeepSpeed). Catching them here saves a queue wait.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from fsdp_workflow.config.accelerate_env import deepspeed_stage, is_deepspeed, is_fsdp
+from fsdp_workflow.config.schema import (
+    AutoWrapPolicy,
+    Device,
+    MixedPrecision,
+    OffloadDevice,
+    OptimizerName,
+    StateDictType,
+    StrategyConfig,
+    StrategyName,
+    WorkflowConfig,
+)
+from fsdp_workflow.config.validate import Rule, ValidationReport
+
+EIGHT_BIT = (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit, OptimizerName.adamw_torch_8bit)
+BNB_8BIT = (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit)
+
+# Knobs only FSDP reads (Accelerate ignores them under DeepSpeed and DDP).
+FSDP_ONLY = (
+    "state_dict_type", "auto_wrap_policy", "min_num_params", "reshard_after_forward",
+    "sharding_strategy", "backward_prefetch", "forward_prefetch", "cpu_ram_efficient_loading",
+    "sync_module_states", "use_orig_params",
+)
+FSDP1_ONLY = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states")
+DEEPSPEED_ONLY = ("zero3_init_flag", "zero3_save_16bit_model")
+_DEFAULTS = StrategyConfig(name=StrategyName.fsdp2)
+
+
+def _changed(s: StrategyConfig, names: tuple) -> List[str]:
+    """Fields set away from the schema default (so the user asked for them)."""
+    return [n for n in names if getattr(s, n) != getattr(_DEFAULTS, n)]
+
+
+def check_fsdp_version(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """FSDP1 is deprecated; FSDP2 rejects what only FSDP1 had."""
+    s, o = cfg.strategy, cfg.optimizer
+    if s.name == StrategyName.fsdp1:
+        r.warn(
+            "strategy.name", s.name,
+            "FSDP1 (FlatParameter) is deprecated in PyTorch and Accelerate; FSDP2 (fully_shard, "
+            "DTensor) is maintained, composes with TP and saves DCP checkpoints directly",
+            "strategy=fsdp2",
+        )
+    if s.name != StrategyName.fsdp2:
+        return
+    if o.name in BNB_8BIT:
+        r.error(
+            "optimizer.name", o.name,
+            "bitsandbytes 8-bit AdamW cannot step FSDP2's DTensor parameters",
+            "optimizer=adamw_torch_8bit (torchao's 8-bit AdamW works with DTensors)",
+        )
+    if s.state_dict_type == StateDictType.LOCAL_STATE_DICT:
+        r.error(
+            "strategy.state_dict_type", s.state_dict_type,
+            "FSDP2 has no LOCAL_STATE_DICT (Accelerate raises on it)",
+            "strategy.state_dict_type=SHARDED_STATE_DICT",
+        )
+    for name in _changed(s, FSDP1_ONLY):
+        if name == "forward_prefetch":
+            continue  # an error below: Accelerate raises on it
+        r.warn(
+            f"strategy.{name}", getattr(s, name),
+            "an FSDP1-only setting: FSDP2 ignores it",
+            f"drop the override of strategy.{name}, or strategy=fsdp1",
+        )
+    if s.forward_prefetch:
+        r.error(
+            "strategy.forward_prefetch", True,
+            "Accelerate raises: forward_prefetch is not implemented for FSDP2",
+            "strategy.forward_prefetch=false",
+        )
+    if cfg.train.mixed_precision == MixedPrecision.fp16:
+        r.warn(
+            "train.mixed_precision", "fp16",
+            "fp16 under FSDP2 needs a sharded grad scaler and overflows more easily; bf16 is the tested path",
+            "train.mixed_precision=bf16",
+        )
+
+
+def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Wrapping, offload, RAM-efficient loading and 4-bit weights under FSDP."""
+    s, m, o = cfg.strategy, cfg.model, cfg.optimizer
+    if not is_fsdp(s.name):
+        return
+    if s.auto_wrap_policy == AutoWrapPolicy.SIZE_BASED_WRAP and not (s.min_num_params and s.min_num_params > 0):
+        r.error(
+            "strategy.min_num_params", s.min_num_params,
+            "SIZE_BASED_WRAP wraps modules above this many parameters; unset (0) wraps every leaf",
+            "strategy.min_num_params=100000000",
+        )
+    if s.auto_wrap_policy != AutoWrapPolicy.SIZE_BASED_WRAP and s.min_num_params is not None:
+        r.warn(
+            "strategy.min_num_params", s.min_num_params,
+            f"only SIZE_BASED_WRAP reads it; auto_wrap_policy is {s.auto_wrap_policy.value}",
+            "strategy.auto_wrap_policy=SIZE_BASED_WRAP, or strategy.min_num_params=null",
+        )
+    if s.auto_wrap_policy == AutoWrapPolicy.TRANSFORMER_BASED_WRAP and not m.decoder_layer_cls.strip():
+        r.error(
+            "model.decoder_layer_cls", m.decoder_layer_cls,
+            "TRANSFORMER_BASED_WRAP needs the decoder layer class to wrap",
+            "model.decoder_layer_cls=LlamaDecoderLayer (the model's layer class)",
+        )
+    if s.auto_wrap_policy == AutoWrapPolicy.NO_WRAP:
+        r.warn(
+            "strategy.auto_wrap_policy", s.auto_wrap_policy,
+            "the whole model becomes one FSDP unit: every forward gathers all parameters at once",
+            "strategy.auto_wrap_policy=TRANSFORMER_BASED_WRAP",
+        )
+    if s.name == StrategyName.fsdp1 and s.offload_params and o.name in EIGHT_BIT:
+        r.error(
+            "strategy.offload_params", True,
+            f"FSDP1 parameter offload runs the optimizer step on CPU tensors; the 8-bit optimizer "
+            f"{o.name.value} needs its state on the GPU",
+            "optimizer=adamw (or strategy.offload_params=false)",
+        )
+    if s.name == StrategyName.fsdp1 and s.cpu_ram_efficient_loading and not s.sync_module_states:
+        r.error(
+            "strategy.sync_module_states", False,
+            "with cpu_ram_efficient_loading only rank 0 loads weights; FSDP1 must broadcast them to the others",
+            "strategy.sync_module_states=true (or strategy.cpu_ram_efficient_loading=false)",
+        )
+    if (
+        s.name == StrategyName.fsdp1
+        and cfg.cluster.device == Device.cpu
+        and (s.sync_module_states or s.cpu_ram_efficient_loading)
+    ):
+        r.error(
+            "strategy.sync_module_states", s.sync_module_states,
+            "Accelerate's FSDP1 plugin needs an accelerator for sync_module_states (forced on by "
+            "cpu_ram_efficient_loading) and raises 'no available devices' on a CPU host",
+            "strategy=fsdp2 for CPU runs, or strategy.sync_module_states=false strategy.cpu_ram_efficient_loading=false",
+        )
+    if m.load_in_4bit and s.state_dict_type != StateDictType.SHARDED_STATE_DICT:
+        r.error(
+            "strategy.state_dict_type", s.state_dict_type,
+            "4-bit (QLoRA-style) weights under FSDP can only be saved as a sharded state dict",
+            "strategy.state_dict_type=SHARDED_STATE_DICT",
+        )
+
+
+def check_activation_checkpointing(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Ask for activation checkpointing once, in the place the strategy reads it."""
+    s, m = cfg.strategy, cfg.model
+    if not s.activation_checkpointing:
+        return
+    if not is_fsdp(s.name):
+        r.error(
+            "strategy.activation_checkpointing", True,
+            f"an FSDP-only knob: {s.name.value} ignores FSDP_ACTIVATION_CHECKPOINTING",
+            "strategy.activation_checkpointing=false model.gradient_checkpointing=true",
+        )
+    elif m.gradient_checkpointing:
+        r.error(
+            "model.gradient_checkpointing", True,
+            "activation checkpointing asked twice (HF gradient checkpointing and FSDP's): "
+            "layers get wrapped twice and recompute twice",
+            "model.gradient_checkpointing=false (keep strategy.activation_checkpointing=true)",
+        )
+
+
+def check_foreign_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """FSDP knobs under DeepSpeed/DDP and DeepSpeed knobs under FSDP/DDP."""
+    s = cfg.strategy
+    if not is_fsdp(s.name):
+        if s.offload_params:
+            fix = ("strategy.offload_params=false strategy.offload_param_device=cpu"
+                   if s.name == StrategyName.deepspeed_zero3 else "strategy.offload_params=false")
+            r.error("strategy.offload_params", True, f"an FSDP-only knob: {s.name.value} ignores it", fix)
+        for name in _changed(s, FSDP_ONLY):
+            r.warn(
+                f"strategy.{name}", getattr(s, name),
+                f"an FSDP-only setting: {s.name.value} ignores it",
+                f"drop the override of strategy.{name}",
+            )
+    if not is_deepspeed(s.name):
+        if s.zero_stage is not None:
+            r.error(
+                "strategy.zero_stage", s.zero_stage,
+                f"a DeepSpeed setting, but strategy is {s.name.value}",
+                f"strategy=deepspeed_zero{s.zero_stage} (or strategy.zero_stage=null)",
+            )
+        for name in ("offload_optimizer_device", "offload_param_device"):
+            if getattr(s, name) != OffloadDevice.none:
+                r.error(
+                    f"strategy.{name}", getattr(s, name),
+                    f"a DeepSpeed setting, but strategy is {s.name.value}",
+                    "strategy.offload_params=true under FSDP" if is_fsdp(s.name) else f"strategy.{name}=none",
+                )
+        for name in _changed(s, DEEPSPEED_ONLY):
+            r.warn(
+                f"strategy.{name}", getattr(s, name),
+                f"a DeepSpeed ZeRO-3 setting: {s.name.value} ignores it",
+                f"drop the override of strategy.{name}",
+            )
+
+
+def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Stage named twice must agree; offload targets must exist at that stage."""
+    s, o = cfg.strategy, cfg.optimizer
+    if not is_deepspeed(s.name):
+        return
+    named = deepspeed_stage(s.name)
+    stage = s.zero_stage if s.zero_stage is not None else named
+    if s.zero_stage is not None and s.zero_stage != named:
+        r.error(
+            "strategy.zero_stage", s.zero_stage,
+            f"strategy {s.name.value} means ZeRO stage {named}",
+            f"strategy=deepspeed_zero{s.zero_stage} (or strategy.zero_stage={named})"
+            if s.zero_stage in (1, 2, 3) else f"strategy.zero_stage={named}",
+        )
+    if s.offload_param_device != OffloadDevice.none and stage != 3:
+        r.error(
+            "strategy.offload_param_device", s.offload_param_device,
+            f"DeepSpeed offloads parameters only under ZeRO-3 (stage here: {stage})",
+            "strategy=deepspeed_zero3 (or strategy.offload_param_device=none)",
+        )
+    nvme = OffloadDevice.nvme in (s.offload_param_device, s.offload_optimizer_device)
+    if nvme and not s.offload_nvme_path:
+        r.error(
+            "strategy.offload_nvme_path", s.offload_nvme_path,
+            "NVMe offload needs a directory on a local NVMe drive",
+            "strategy.offload_nvme_path=/local_nvme/ds_offload",
+        )
+    if o.name in BNB_8BIT or o.name == OptimizerName.adamw_torch_8bit:
+        r.warn(
+            "optimizer.name", o.name,
+            "DeepSpeed partitions optimizer state itself; a client 8-bit optimizer is untested with ZeRO",
+            "optimizer=adamw",
+        )
+
+
+RULES: List[Rule] = [
+    check_fsdp_version,
+    check_fsdp_knobs,
+    check_activation_checkpointing,
+    check_foreign_knobs,
+    check_deepspeed,
+]
