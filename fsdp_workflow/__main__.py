@@ -11,6 +11,7 @@ Exit codes: 0 success, 2 invalid config (nothing was written or submitted),
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -28,6 +29,12 @@ _task_started = False
 
 def _fail_config(message: str) -> None:
     print(f"fsdp_workflow: invalid config\n{message}", file=sys.stderr)
+    try:  # Hydra made the run dir before we ran; leave nothing behind
+        from hydra.core.hydra_config import HydraConfig
+
+        os.rmdir(HydraConfig.get().runtime.output_dir)
+    except (OSError, ValueError):
+        pass  # not empty (an existing run) or no Hydra runtime
     raise SystemExit(EXIT_USAGE)
 
 
