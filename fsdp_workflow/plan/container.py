@@ -45,3 +45,15 @@ def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
     wrapped += list(ct.extra_args)
     wrapped.append(str(ct.image))
     return wrapped + list(argv)
+
+
+def srun_container_args(cfg: WorkflowConfig, step: str) -> List[str]:
+    """srun options that run a step inside the image (pyxis); empty for other runtimes."""
+    ct = cfg.container
+    if ct.runtime != ContainerRuntime.pyxis:
+        return []
+    mounts = ",".join(f"{p}:{p}" if ":" not in p else p for p in bind_paths(cfg))
+    args = [f"--container-image={ct.image}", f"--container-mounts={mounts}", "--no-container-mount-home"]
+    for key, value in sorted(ct.env.items()):
+        args.append(f"--container-env={key}")
+    return args + list(ct.extra_args)

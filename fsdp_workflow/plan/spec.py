@@ -151,7 +151,7 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         wrap: optional ``(argv, step) -> argv`` container wrapper (``step`` is
             ``"train"`` or ``"consolidate"``); None runs on the host.
     """
-    from fsdp_workflow.plan.container import wrap_argv
+    from fsdp_workflow.plan.container import srun_container_args, wrap_argv
 
     wrap = wrap or (lambda argv, step: wrap_argv(cfg, argv, step))
     c = cfg.cluster
@@ -192,7 +192,7 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         path_options={"output": str(log_dir / "train-%j.out")},
         exports=dict(sorted(c.nccl_env.items())),
         step_argv=["srun", "--kill-on-bad-exit=1", f"--nodes={c.nodes}", "--ntasks-per-node=1",
-                   "bash", str(run_dir / TRAIN_NODE_SCRIPT)],
+                   *srun_container_args(cfg, "train"), "bash", str(run_dir / TRAIN_NODE_SCRIPT)],
     )
 
     cons_argv = wrap(consolidate_argv(cfg, run_dir), "consolidate")
@@ -211,7 +211,9 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
             role="consolidate",
             options=copts,
             path_options={"output": str(log_dir / "consolidate-%j.out")},
-            step_argv=cons_argv,
+            # pyxis needs a step to attach the image to; otherwise run in the batch shell
+            step_argv=(["srun", "--ntasks=1", *pyxis, *cons_argv] if (pyxis := srun_container_args(cfg, "consolidate"))
+                       else cons_argv),
         )
     return LaunchPlan(
         run_dir=run_dir,
