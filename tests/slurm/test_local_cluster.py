@@ -120,4 +120,4 @@ def test_submitit_two_task_gloo(tmp_path):
     assert sorted(results) == [(0, 2, 3.0), (1, 2, 3.0)]
     assert su.wait_for_job(job.job_id, timeout_s=30)["JobState"] == "COMPLETED"
     # submitit polls sacct; with the slurmdbd accounting it reports the state.
-    assert job.state == "COMPLETED"
+    assert job.get_info(mode="force").get("State") == "COMPLETED"

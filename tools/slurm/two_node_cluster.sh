@@ -10,7 +10,8 @@
 # by the bridge fsdpbr0 (10.77.0.1/24); slurmctld runs in the root namespace.
 # Each slurmd runs in its own network + UTS + mount namespace: `hostname` is nX
 # and /etc/slurm is bind-mounted to this cluster's config, so jobs on the nodes
-# reach this cluster even with a cleaned environment (no SLURM_CONF).
+# reach this cluster even with a cleaned environment (no SLURM_CONF);
+# /etc/resolv.conf is bind-mounted to a resolver that fails fast.
 # Runs alongside local_cluster.sh: other ports (6827/6828), other SLURM_CONF.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
@@ -127,11 +128,16 @@ EOF
 
 start_slurmd() { # node
     local n="$1"
+    # No DNS server is reachable from the namespaces: without this, lookups
+    # that /etc/hosts cannot answer (c10d resolves IPv4-mapped IPv6 peer
+    # addresses) wait for the resolver timeout, ~10 s per rendezvous. A
+    # resolver on the namespace's own loopback fails at once instead.
+    printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$D/resolv.conf"
     # Not `ip netns exec`: it remounts /sys and slurmd then fails on cgroups.
     SLURM_CONF="$CONF" nsenter --net="/var/run/netns/$n" \
         unshare --uts --mount --propagation private \
-        sh -c 'hostname "$1" && mount --bind "$2" /etc/slurm && exec setsid /usr/sbin/slurmd -N "$1" </dev/null >/dev/null 2>&1' \
-        sh "$n" "$D/etc" 9>&-
+        sh -c 'hostname "$1" && mount --bind "$2" /etc/slurm && mount --bind "$3" /etc/resolv.conf && exec setsid /usr/sbin/slurmd -N "$1" </dev/null >/dev/null 2>&1' \
+        sh "$n" "$D/etc" "$D/resolv.conf" 9>&-
 }
 
 ctld_ok() { SLURM_CONF="$CONF" scontrol ping 2>/dev/null | grep -q 'is UP'; }
