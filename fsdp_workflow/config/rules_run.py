@@ -202,7 +202,11 @@ def check_container(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """A runtime needs an image; pyxis exists only inside Slurm's srun."""
     k = cfg.container
     if k.runtime != ContainerRuntime.none and not k.image:
-        example = "/path/fsdp_workflow.sif" if k.runtime == ContainerRuntime.apptainer else "nvcr.io#nvidia/pytorch:25.01-py3"
+        example = (
+            "/path/fsdp_workflow.sif"
+            if k.runtime == ContainerRuntime.apptainer
+            else "'nvcr.io#nvidia/pytorch:25.01-py3' (quoted: Hydra reads # as a comment)"
+        )
         r.error("container.image", k.image, f"container.runtime={k.runtime.value} needs an image",
                 f"container.image={example}")
     if k.runtime == ContainerRuntime.none and k.image:

@@ -1,0 +1,85 @@
+"""Configs that compose but must be rejected, each with the key the message must name.
+
+Shared by the Python-API tests here (``test_config_validate.py``) and the CLI
+tests, which run each case as::
+
+    python -m fsdp_workflow <overrides...> dry_run=true run_dir=DIR   # expect exit 2, key in stderr
+
+Every case stays an error under ``dry_run=true`` (nothing here depends on
+files being present). Import it from another test directory with::
+
+    spec = importlib.util.spec_from_file_location("invalid_corpus", ROOT / "tests/config/invalid_corpus.py")
+
+The base is the default config: the smoke run (tiny Llama, FSDP2, local,
+2 CPU processes, 30 steps, consolidation on).
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+CUDA = "cluster.device=cuda"
+
+INVALID_CASES: List[Tuple[List[str], str]] = [
+    # FSDP2 / FSDP1
+    (["optimizer=adamw_8bit"], "optimizer.name"),
+    (["optimizer.name=adamw_bnb_8bit"], "optimizer.name"),
+    (["strategy.state_dict_type=LOCAL_STATE_DICT", "consolidate.enabled=false"], "strategy.state_dict_type"),
+    (["strategy=fsdp1", CUDA, "strategy.offload_params=true", "optimizer=adamw_8bit"], "strategy.offload_params"),
+    (["strategy=fsdp1", CUDA, "strategy.sync_module_states=false"], "strategy.sync_module_states"),
+    (["strategy=fsdp1"], "strategy.sync_module_states"),  # FSDP1 sync on a CPU host: Accelerate raises
+    (["strategy.auto_wrap_policy=SIZE_BASED_WRAP"], "strategy.min_num_params"),
+    (["strategy.activation_checkpointing=true", "model.gradient_checkpointing=true"], "model.gradient_checkpointing"),
+    ([CUDA, "model.load_in_4bit=true", "strategy.state_dict_type=FULL_STATE_DICT", "consolidate.enabled=false"],
+     "strategy.state_dict_type"),
+    (["model.load_in_4bit=true"], "model.load_in_4bit"),
+    (["strategy.forward_prefetch=true"], "strategy.forward_prefetch"),
+    (["strategy.state_dict_type=FULL_STATE_DICT"], "strategy.state_dict_type"),  # consolidation can't read it
+    (["strategy.offload_optimizer_device=cpu"], "strategy.offload_optimizer_device"),
+    # DeepSpeed / DDP
+    (["strategy=deepspeed_zero3", CUDA, "strategy.zero_stage=2"], "strategy.zero_stage"),
+    (["strategy=deepspeed_zero2", CUDA, "strategy.activation_checkpointing=true"], "strategy.activation_checkpointing"),
+    (["strategy=deepspeed_zero2", CUDA, "strategy.offload_param_device=cpu"], "strategy.offload_param_device"),
+    (["strategy=deepspeed_zero3", CUDA, "strategy.offload_optimizer_device=nvme"], "strategy.offload_nvme_path"),
+    (["strategy=deepspeed_zero2"], "strategy.name"),  # DeepSpeed on device=cpu
+    (["strategy=ddp", "strategy.zero_stage=3"], "strategy.zero_stage"),
+    (["strategy=ddp", "strategy.offload_params=true"], "strategy.offload_params"),
+    # topology
+    ([CUDA, "cluster.gpus_per_node=1"], "cluster.processes_per_node"),
+    (["cluster.processes_per_node=1", "cluster.launcher=accelerate"], "cluster.launcher"),
+    (["cluster.nodes=2"], "cluster.nodes"),
+    (["cluster=slurm"], "cluster.partition"),
+    (["cluster=slurm", "cluster.partition=debug", "cluster.time_min=5", "cluster.signal_delay_s=300"],
+     "cluster.signal_delay_s"),
+    (["strategy.tensor_parallel_size=3"], "strategy.tensor_parallel_size"),
+    (["strategy.context_parallel_size=4"], "strategy.context_parallel_size"),
+    (["strategy.tensor_parallel_size=2", "model.num_key_value_heads=1"], "strategy.tensor_parallel_size"),
+    (["strategy=fsdp1", CUDA, "strategy.tensor_parallel_size=2"], "strategy.tensor_parallel_size"),
+    (["train.mixed_precision=fp16"], "train.mixed_precision"),  # fp16 on CPU
+    (["train.global_batch_size=7"], "train.global_batch_size"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size"),
+    (["train.seq_len=1024"], "train.seq_len"),  # tiny_llama has 512 positions
+    (["cluster.master_port_base=65000"], "cluster.master_port_base"),
+    # model / data / container
+    (["model.init=pretrained"], "model.name_or_path"),
+    (["data=jsonl"], "data.path"),
+    (["data.eval_fraction=1.5"], "data.eval_fraction"),
+    (["container=apptainer"], "container.image"),
+    (["container=pyxis", "container.image='nvcr.io#nvidia/pytorch:25.01-py3'"], "container.runtime"),
+    # optimizer
+    (["optimizer.lr=0"], "optimizer.lr"),
+    (["optimizer.warmup_steps=30"], "optimizer.warmup_steps"),
+    (["optimizer.max_grad_norm=-1"], "optimizer.max_grad_norm"),
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
+    # checkpoint / consolidation
+    (["checkpoint.every_steps=100"], "checkpoint.every_steps"),
+    (["checkpoint.keep_last=-1"], "checkpoint.keep_last"),
+    (["checkpoint.every_steps=0", "checkpoint.save_final=false"], "checkpoint.save_final"),
+    (["consolidate.max_shard_size=5gigs"], "consolidate.max_shard_size"),
+    (["consolidate.remove_sharded=true", "consolidate.verify=false"], "consolidate.remove_sharded"),
+]
+
+
+def case_id(case: Tuple[List[str], str]) -> str:
+    """A readable pytest id: the overrides, joined."""
+    return " ".join(case[0])
