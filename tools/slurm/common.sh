@@ -26,7 +26,10 @@ die() { printf '[%s] ERROR: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
 # Serialise up/down of both clusters (concurrent pytest sessions, CI).
 take_lock() {
-    exec 9>"${FSDP_SLURM_STATE%/}.lock"
+    if ! { exec 9>>"${FSDP_SLURM_STATE%/}.lock"; } 2>/dev/null; then
+        need_root
+        die "cannot open ${FSDP_SLURM_STATE%/}.lock"
+    fi
     flock -w 600 9 || die "could not lock ${FSDP_SLURM_STATE%/}.lock"
 }
 
@@ -105,6 +108,8 @@ ensure_munge() {
     log "starting munged"
     runuser -u munge -- /usr/sbin/munged --force 9>&-
     wait_for 10 munge sh -c 'munge -n | unmunge' || die "munged did not come up (see /var/log/munge/munged.log)"
+    # Remember that we started it: the last `down` stops it again.
+    touch "$FSDP_SLURM_STATE/munged.ours"
 }
 
 # ------------------------------------------------- accounting (shared)
@@ -179,6 +184,10 @@ stop_accounting_if_unused() {
     kill_pidfile "$DB_DIR/slurmdbd.pid"
     kill_pidfile "$DB_DIR/mariadb.pid"
     rm -rf "$SHARED_DIR"
+    if [[ -e "$FSDP_SLURM_STATE/munged.ours" ]]; then
+        kill_pidfile /run/munge/munged.pid
+        rm -f "$FSDP_SLURM_STATE/munged.ours"
+    fi
 }
 
 # Job ids must not repeat while the accounting database lives, or sacct would
