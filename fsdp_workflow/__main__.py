@@ -18,7 +18,7 @@ from typing import List, Optional
 import hydra
 from omegaconf import DictConfig
 
-from fsdp_workflow.config import register_configs, register_resolvers
+from fsdp_workflow.config import CONF_DIR, register_configs, register_resolvers
 from fsdp_workflow.exit_codes import EXIT_USAGE
 
 register_configs()
@@ -38,7 +38,7 @@ def _fail_config(message: str) -> None:
     raise SystemExit(EXIT_USAGE)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(dcfg: DictConfig) -> None:
     global _task_started
     _task_started = True
@@ -59,7 +59,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
         report.raise_if_errors()
     except ConfigError as err:
         _fail_config(str(err))
-    raise SystemExit(_plan_and_launch(cfg))
+    rc = _plan_and_launch(cfg)
+    if rc:  # success returns, so a multirun sweep goes on to its next job
+        raise SystemExit(rc)
 
 
 def _plan_and_launch(cfg) -> int:
