@@ -117,6 +117,12 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "the whole model becomes one FSDP unit: every forward gathers all parameters at once",
             "strategy.auto_wrap_policy=TRANSFORMER_BASED_WRAP",
         )
+    if s.name == StrategyName.fsdp1 and s.sharding_strategy.value.startswith("HYBRID") and cfg.cluster.nodes == 1:
+        r.warn(
+            "strategy.sharding_strategy", s.sharding_strategy,
+            "hybrid sharding shards within a node and replicates across nodes; on one node it is plain sharding",
+            "strategy.sharding_strategy=FULL_SHARD",
+        )
     if s.name == StrategyName.fsdp1 and s.offload_params and o.name in EIGHT_BIT:
         r.error(
             "strategy.offload_params", True,
