@@ -1,0 +1,40 @@
+"""Train one run on this rank.
+
+Run on every rank, with ``RUN_DIR/launch.env`` exported::
+
+    set -a; . RUN_DIR/launch.env; set +a
+    torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
+
+Exit codes: 0 done, 2 bad config (message printed), 75 preempted after a
+checkpoint (requeue), 1 unexpected error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fsdp_workflow.exit_codes import EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print(__doc__, file=sys.stderr)
+        return EXIT_USAGE
+    from fsdp_workflow.train.checkpoint import CheckpointError
+    from fsdp_workflow.train.data import DataError
+    from fsdp_workflow.train.loop import main as train
+    from fsdp_workflow.train.optim import OptimizerError
+    from fsdp_workflow.train.parallel import StrategyError
+
+    try:
+        return train(args[0])
+    except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
+        rank = os.environ.get("RANK", "0")
+        print(f"fsdp_workflow.train [rank {rank}]: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Build the causal LM: from a local Hugging Face directory or randomly from the shape fields.
+
+Never downloads: ``HF_HUB_OFFLINE=1`` is set before transformers is imported
+and every ``from_pretrained`` passes ``local_files_only=True``.
+
+Large models: with ``meta=True`` the model is built on the meta device (no
+memory); :mod:`fsdp_workflow.train.parallel` shards it, materialises only the
+local shards and broadcasts rank 0's full weights into them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Tuple
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from fsdp_workflow.config.schema import ModelConfig, ModelInit  # noqa: E402
+
+
+def build_hf_config(model_cfg: ModelConfig) -> Any:
+    """The transformers config for the model.
+
+    Pretrained: the directory's ``config.json``. Random: ``AutoConfig.for_model``
+    from the shape fields plus ``model.extra_config``, with ``architectures`` set
+    so the consolidated ``config.json`` names the right class.
+
+    Raises:
+        FileNotFoundError: ``model.name_or_path`` is not a local directory.
+    """
+    from transformers import AutoConfig
+
+    if model_cfg.init == ModelInit.pretrained:
+        path = model_cfg.name_or_path
+        if not path or not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"model.name_or_path={path!r} is not a local directory. With model.init=pretrained the "
+                "weights must be on local or shared storage (the trainer never downloads); or set "
+                "model.init=random to build the model from its shape fields."
+            )
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, local_files_only=True)
+    else:
+        fields: Dict[str, Any] = dict(
+            vocab_size=model_cfg.vocab_size,
+            hidden_size=model_cfg.hidden_size,
+            intermediate_size=model_cfg.intermediate_size,
+            num_hidden_layers=model_cfg.num_hidden_layers,
+            num_attention_heads=model_cfg.num_attention_heads,
+            num_key_value_heads=model_cfg.num_key_value_heads,
+            max_position_embeddings=model_cfg.max_position_embeddings,
+            rope_theta=model_cfg.rope_theta,
+            tie_word_embeddings=model_cfg.tie_word_embeddings,
+        )
+        fields.update(model_cfg.extra_config)
+        config = AutoConfig.for_model(model_cfg.model_type, **fields)
+        config.architectures = [model_cfg.architecture]
+    config._attn_implementation = model_cfg.attn_implementation
+    config.use_cache = False
+    return config
+
+
+def build_model(model_cfg: ModelConfig, *, seed: int, meta: bool = False) -> nn.Module:
+    """Instantiate the model on CPU (or on the meta device).
+
+    Args:
+        model_cfg: the ``model`` group.
+        seed: seeds random init, so every rank that builds the model builds the same one.
+        meta: build parameters on the meta device (no storage); weights come later.
+
+    Returns:
+        The ``*ForCausalLM`` module in fp32 (FSDP keeps fp32 master weights; mixed
+        precision casts for compute).
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = build_hf_config(model_cfg)
+    if meta:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    elif model_cfg.init == ModelInit.pretrained:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.name_or_path,
+            config=config,
+            dtype=torch.float32,
+            trust_remote_code=model_cfg.trust_remote_code,
+            local_files_only=True,
+        )
+    else:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    model = model.to(torch.float32)
+    model.config.use_cache = False
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def non_persistent_buffers(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Buffers that ``state_dict`` omits (rotary ``inv_freq``...), by fully qualified name."""
+    out: Dict[str, torch.Tensor] = {}
+    for mod_name, mod in model.named_modules():
+        for buf_name in getattr(mod, "_non_persistent_buffers_set", ()):
+            buf = mod._buffers.get(buf_name)
+            if buf is not None:
+                out[f"{mod_name}.{buf_name}" if mod_name else buf_name] = buf
+    return out
+
+
+def set_buffer(model: nn.Module, fqn: str, value: torch.Tensor) -> None:
+    """Replace the buffer at ``fqn`` keeping it non-persistent."""
+    parent, _, name = fqn.rpartition(".")
+    mod = model.get_submodule(parent) if parent else model
+    mod.register_buffer(name, value, persistent=False)
+
+
+def decoder_layer_classes(model: nn.Module, names: Optional[list[str]]) -> Tuple[type, ...]:
+    """Resolve decoder-layer class names (``FSDP_TRANSFORMER_CLS_TO_WRAP``) to classes in ``model``.
+
+    Args:
+        model: the model.
+        names: class names; None or empty: the model's ``_no_split_modules``.
+
+    Raises:
+        ValueError: a name matches no module class in the model.
+    """
+    wanted = list(names or getattr(model, "_no_split_modules", None) or [])
+    found = {type(m).__name__: type(m) for m in model.modules()}
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise ValueError(
+            f"FSDP_TRANSFORMER_CLS_TO_WRAP / model.decoder_layer_cls names {missing}, but the model has no "
+            f"such module. Decoder-like classes present: {sorted(n for n in found if 'Layer' in n)}. "
+            "Fix model.decoder_layer_cls in the config."
+        )
+    return tuple(found[n] for n in wanted)
+
+
+def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192) -> None:
+    """Give ``model`` a ``forward(input_ids, labels) -> loss`` that never holds all logits at once.
+
+    The decoder runs through ``model.model``; the ``lm_head`` projection and the
+    cross-entropy then run over chunks of positions, each recomputed in backward
+    (activation-checkpointed), so the fp32 logits of a 32k-vocab model are never
+    materialised for the whole micro-batch. The override is set on the instance
+    so that ``Module.__call__`` and therefore FSDP's root hooks still wrap it, and
+    parameter names (the checkpoint keys) do not change.
+
+    Args:
+        model: a ``*ForCausalLM`` with ``.model`` and ``.lm_head`` (or ``get_output_embeddings``).
+        chunk_tokens: positions per chunk (batch * seq positions).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    backbone = getattr(model, model.base_model_prefix)
+    head = model.get_output_embeddings()
+
+    def _chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = head(h).float()
+        return F.cross_entropy(logits, y, reduction="sum", ignore_index=-100)
+
+    def forward(input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = backbone(input_ids=input_ids).last_hidden_state
+        hidden = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
+        targets = labels[:, 1:].reshape(-1)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        n = hidden.size(0)
+        for start in range(0, n, chunk_tokens):
+            h, y = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+            if torch.is_grad_enabled() and n > chunk_tokens:
+                total = total + checkpoint(_chunk_loss, h, y, use_reentrant=False)
+            else:
+                total = total + _chunk_loss(h, y)
+        count = (targets != -100).sum().clamp(min=1)
+        return total / count
+
+    model.forward = forward  # type: ignore[method-assign]

@@ -1,0 +1,55 @@
+"""Preemption: turn SIGUSR2 / SIGTERM into "finish the step, checkpoint, exit 75".
+
+Slurm sends SIGUSR2 ``signal_delay_s`` before the time limit (``--signal``) and
+SIGTERM on preemption or ``scancel``. A handler only records the signal; the
+training loop checks the flag once per optimizer step, agrees on it across all
+ranks (an all-reduce folded into the loss reduction, so a signal that reached
+only some ranks still stops all of them at the same step), saves a blocking
+checkpoint and exits with :data:`fsdp_workflow.exit_codes.EXIT_REQUEUE`.
+
+Which process must receive the signal: every rank handles it, so it may be sent
+to the ranks directly (``scancel --signal=USR2 --full`` or ``--signal=USR2@T``
+without ``B:``), or to ``torchrun`` when torchrun is told to forward it:
+``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2`` makes
+the elastic agent re-send the signal it got to every worker and wait
+``--shutdown-timeout`` seconds (default 30) before SIGKILL. Without that
+variable, SIGUSR2's default action kills torchrun itself at once.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Optional
+
+HANDLED = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class PreemptionFlag:
+    """Records the first of SIGUSR2/SIGTERM received; install once per rank, in the main thread."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "PreemptionFlag":
+        for sig in HANDLED:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""

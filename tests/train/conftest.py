@@ -1,0 +1,34 @@
+"""Shared 2-rank gloo training runs for tests/train (module-scoped: one run serves many assertions)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.train.runner import launch, log_text, make_run_dir
+
+# 20 steps, a checkpoint every 10, all kept: the reference for resume exactness.
+STRAIGHT = ["train.max_steps=20", "checkpoint.every_steps=10", "checkpoint.keep_last=0", "optimizer.lr=3e-3"]
+
+
+@pytest.fixture(scope="session")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default strategy (FSDP2) on 2 CPU ranks, 20 steps straight."""
+    run_dir = make_run_dir(tmp_path_factory.mktemp("straight") / "run", STRAIGHT)
+    proc = launch(run_dir)
+    assert proc.returncode == 0, log_text(run_dir)
+    return run_dir
+
+
+def copy_run(src: Path, dest: Path, checkpoints: tuple[int, ...]) -> Path:
+    """A fresh run dir with ``src``'s config, launch.env and hf_assets and only the given checkpoints."""
+    dest.mkdir(parents=True)
+    for name in ("config.yaml", "launch.env"):
+        shutil.copy2(src / name, dest / name)
+    shutil.copytree(src / "hf_assets", dest / "hf_assets")
+    (dest / "checkpoints").mkdir()
+    for step in checkpoints:
+        shutil.copytree(src / "checkpoints" / f"step-{step}", dest / "checkpoints" / f"step-{step}")
+    return dest
