@@ -241,8 +241,25 @@ def start_cluster(kind: str) -> ClusterInfo:
     nodes = _run(["sinfo", "-h", "-N", "-o", "%N"], env={**os.environ, "SLURM_CONF": conf}).stdout.split()
     lease = _lease_dir(kind)
     lease.mkdir(parents=True, exist_ok=True)
-    (lease / str(os.getpid())).write_text("")
+    (lease / str(os.getpid())).write_text(_proc_start_time(os.getpid()))
     return ClusterInfo(kind, conf, sorted(set(nodes)), started_here=not already_up, up_seconds=elapsed)
+
+
+def _proc_start_time(pid: int) -> str:
+    """Start time of a process (clock ticks since boot), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _lease_live(path: Path) -> bool:
+    pid = int(path.name)
+    if not _pid_alive(pid):
+        return False
+    recorded = path.read_text().strip() if path.exists() else ""
+    return not recorded or recorded == _proc_start_time(pid)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -261,7 +278,7 @@ def release_cluster(info: ClusterInfo) -> None:
     ``FSDP_SLURM_KEEP`` is not set."""
     lease = _lease_dir(info.kind)
     (lease / str(os.getpid())).unlink(missing_ok=True)
-    others = [p for p in lease.glob("*") if p.name.isdigit() and _pid_alive(int(p.name))]
+    others = [p for p in lease.glob("*") if p.name.isdigit() and _lease_live(p)]
     if not info.started_here or others or os.environ.get("FSDP_SLURM_KEEP"):
         return
     subprocess.run(["bash", str(info.script), "down"], capture_output=True, text=True, timeout=120)
