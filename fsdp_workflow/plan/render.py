@@ -16,9 +16,11 @@ from typing import Iterable, List
 from fsdp_workflow.exit_codes import EXIT_REQUEUE
 from fsdp_workflow.plan.spec import (
     CONSOLIDATE_SBATCH,
+    EVAL_SBATCH,
     JOBS_FILE,
     LAUNCH_ENV_FILE,
     REQUEUE_MARKER,
+    SUBMIT_EVAL_SCRIPT,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
     Expand,
@@ -77,23 +79,38 @@ def render_train_node(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def render_train_sbatch(plan: LaunchPlan) -> str:
-    job = plan.train
-    lines = _sbatch_header(job) + [
-        HEADER,
-        "set -uo pipefail",
-        *_run_dir_lines(plan),
-        f"MAX_REQUEUES={plan.max_requeues}",
-        *_exports(job.exports),
-        '# Rendezvous on the first host of the allocation, never localhost.',
+def rendezvous_lines(plan: LaunchPlan) -> List[str]:
+    """MASTER_ADDR/MASTER_PORT in the batch shell.
+
+    Must agree with :func:`fsdp_workflow.launch.rendezvous.rendezvous_env`, which the
+    submitit path runs in Python (tests/launch compares the two).
+    """
+    return [
+        "# Rendezvous on the first host of the allocation, never localhost.",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# A port derived from the job id, below the ephemeral range (32768+).",
         f"MASTER_PORT=$(( {plan.master_port_base} + SLURM_JOB_ID % {plan.port_range} ))",
         "export MASTER_ADDR MASTER_PORT",
-        'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
-        '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
+    ]
+
+
+def pre_step_lines(plan: LaunchPlan) -> List[str]:
+    """Before the training step: forget a marker left by an earlier run of this job."""
+    return [
+        *_run_dir_lines(plan),
+        f"MAX_REQUEUES={plan.max_requeues}",
         f'rm -f "$RUN_DIR/{REQUEUE_MARKER}"',
-        shell_join(job.step_argv),
+    ]
+
+
+def requeue_lines() -> List[str]:
+    """Right after the training step, in the batch shell: requeue (bounded) or pass the exit code on.
+
+    The decision is taken here, outside the step, so ``srun --kill-on-bad-exit`` can
+    never kill the process that decides. Used by train.sbatch and, as submitit's
+    ``teardown``, by the submitit path.
+    """
+    return [
         "rc=$?",
         f'if [ "$rc" -ne 0 ] && [ -f "$RUN_DIR/{REQUEUE_MARKER}" ]; then',
         '  if [ "${SLURM_RESTART_COUNT:-0}" -lt "$MAX_REQUEUES" ]; then',
@@ -104,6 +121,21 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         '  echo "[fsdp_workflow] preempted again but out of requeues ($MAX_REQUEUES): failing" >&2',
         "fi",
         'exit "$rc"',
+    ]
+
+
+def render_train_sbatch(plan: LaunchPlan) -> str:
+    job = plan.train
+    lines = _sbatch_header(job) + [
+        HEADER,
+        "set -uo pipefail",
+        *pre_step_lines(plan),
+        *_exports(job.exports),
+        *rendezvous_lines(plan),
+        'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
+        '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
+        shell_join(job.step_argv),
+        *requeue_lines(),
         "",
     ]
     return "\n".join(lines)
@@ -129,7 +161,11 @@ def sbatch_argv(job: SbatchJob, script: str) -> List[str]:
 
 
 def render_submit(plan: LaunchPlan) -> str:
-    """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node."""
+    """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node.
+
+    If the consolidation cannot be submitted, the training job is cancelled: nothing
+    is left half-submitted.
+    """
     train_cmd = sbatch_argv(plan.train, str(plan.run_dir / TRAIN_SBATCH))
     lines = [
         "#!/bin/bash",
@@ -138,22 +174,71 @@ def render_submit(plan: LaunchPlan) -> str:
         "set -euo pipefail",
         *_run_dir_lines(plan),
         'mkdir -p "$RUN_DIR/logs"',
-        "train_id=$(" + shell_join(train_cmd) + ")",
+        "if ! train_id=$(" + shell_join(train_cmd) + "); then",
+        '  echo "submit.sh: sbatch of the training job failed (see the message above); nothing submitted" >&2',
+        "  exit 1",
+        "fi",
         'train_id=${train_id%%;*}',
-        f'echo "train $train_id" >> "$RUN_DIR/{JOBS_FILE}"',
-        'echo "training job:      $train_id"',
     ]
     if plan.consolidate is not None:
         cons_cmd = sbatch_argv(plan.consolidate, str(plan.run_dir / CONSOLIDATE_SBATCH))
         cons_cmd = cons_cmd[:2] + [Expand("--dependency=afterok:${train_id}"), "--kill-on-invalid-dep=yes"] + cons_cmd[2:]
         lines += [
-            "cons_id=$(" + shell_join(cons_cmd) + ")",
+            "if ! cons_id=$(" + shell_join(cons_cmd) + "); then",
+            '  echo "submit.sh: sbatch of the consolidation job failed; cancelling training job $train_id" >&2',
+            '  scancel "$train_id" || true',
+            "  exit 1",
+            "fi",
             'cons_id=${cons_id%%;*}',
+            f'echo "train $train_id" >> "$RUN_DIR/{JOBS_FILE}"',
             f'echo "consolidate $cons_id" >> "$RUN_DIR/{JOBS_FILE}"',
+            'echo "training job:      $train_id"',
             'echo "consolidation job: $cons_id (afterok:$train_id)"',
+        ]
+    else:
+        lines += [
+            f'echo "train $train_id" >> "$RUN_DIR/{JOBS_FILE}"',
+            'echo "training job:      $train_id"',
         ]
     lines += [
         'echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j $train_id"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_eval_sbatch(plan: LaunchPlan) -> str:
+    """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``."""
+    assert plan.eval_job is not None
+    lines = _sbatch_header(plan.eval_job) + [
+        HEADER,
+        "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
+        "set -euo pipefail",
+        'STEP=${1:?usage: sbatch eval.sbatch STEP}',
+        "exec " + shell_join(plan.eval_job.step_argv),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_submit_eval(plan: LaunchPlan) -> str:
+    """``bash submit_eval.sh STEP``: what rank 0 runs after each checkpoint (from a clean env)."""
+    assert plan.eval_job is not None
+    cmd = sbatch_argv(plan.eval_job, str(plan.run_dir / EVAL_SBATCH))
+    # One evaluation at a time per run: later ones wait (singleton), training never does.
+    cmd = cmd[:2] + ["--dependency=singleton"] + cmd[2:] + [Expand("${STEP}")]
+    lines = [
+        "#!/bin/bash",
+        HEADER,
+        "# Submit the evaluation of one saved checkpoint: bash submit_eval.sh STEP",
+        "set -euo pipefail",
+        *_run_dir_lines(plan),
+        'STEP=${1:?usage: bash submit_eval.sh STEP}',
+        'case "$STEP" in ""|*[!0-9]*) echo "submit_eval.sh: STEP must be a number, got $STEP" >&2; exit 2;; esac',
+        "eval_id=$(" + shell_join(cmd) + ")",
+        'eval_id=${eval_id%%;*}',
+        f'echo "eval-step-$STEP $eval_id" >> "$RUN_DIR/{JOBS_FILE}"',
+        'echo "$eval_id"',
         "",
     ]
     return "\n".join(lines)
@@ -168,4 +253,7 @@ def render_all(plan: LaunchPlan) -> dict:
     }
     if plan.consolidate is not None:
         out[CONSOLIDATE_SBATCH] = render_consolidate_sbatch(plan)
+    if plan.eval_job is not None:
+        out[EVAL_SBATCH] = render_eval_sbatch(plan)
+        out[SUBMIT_EVAL_SCRIPT] = render_submit_eval(plan)
     return out

@@ -29,6 +29,9 @@ TRAIN_SBATCH = "train.sbatch"
 TRAIN_NODE_SCRIPT = "train_node.sh"
 CONSOLIDATE_SBATCH = "consolidate.sbatch"
 SUBMIT_SCRIPT = "submit.sh"
+EVAL_SBATCH = "eval.sbatch"  # consolidate + evaluate one checkpoint (consolidate.every_checkpoint)
+SUBMIT_EVAL_SCRIPT = "submit_eval.sh"  # bash submit_eval.sh STEP: what rank 0 runs per checkpoint
+EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint, with its step
 JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
 REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal
 LOG_DIR = "logs"
@@ -68,6 +71,7 @@ class LaunchPlan:
     port_range: int
     nnodes: int
     nccl_env: Dict[str, str]
+    eval_job: Optional[SbatchJob] = None  # per-checkpoint evaluation (consolidate.every_checkpoint)
 
 
 def world_size(cfg: WorkflowConfig) -> int:
@@ -143,6 +147,20 @@ def _common_options(cfg: WorkflowConfig, partition: Optional[str]) -> List[Tuple
     return opts
 
 
+def _cpu_job_options(cfg: WorkflowConfig, role: str) -> List[Tuple[str, Optional[str]]]:
+    """One task on one node with the consolidation resources (consolidation and evaluation jobs)."""
+    c = cfg.cluster
+    opts = [("job-name", _sbatch_value("name", f"{cfg.name}-{role}"))]
+    opts += _common_options(cfg, c.consolidate_partition or c.partition)
+    return opts + [
+        ("nodes", "1"),
+        ("ntasks", "1"),
+        ("cpus-per-task", str(c.consolidate_cpus)),
+        ("mem", f"{c.consolidate_mem_gb}G"),
+        ("time", str(c.consolidate_time_min)),
+    ]
+
+
 def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
     """Build the whole launch as data.
 
@@ -198,22 +216,23 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
     cons_argv = wrap(consolidate_argv(cfg, run_dir), "consolidate")
     consolidate = None
     if cfg.consolidate.enabled:
-        copts = [("job-name", _sbatch_value("name", f"{cfg.name}-consolidate"))]
-        copts += _common_options(cfg, c.consolidate_partition or c.partition)
-        copts += [
-            ("nodes", "1"),
-            ("ntasks", "1"),
-            ("cpus-per-task", str(c.consolidate_cpus)),
-            ("mem", f"{c.consolidate_mem_gb}G"),
-            ("time", str(c.consolidate_time_min)),
-        ]
         consolidate = SbatchJob(
             role="consolidate",
-            options=copts,
+            options=_cpu_job_options(cfg, "consolidate"),
             path_options={"output": str(log_dir / "consolidate-%j.out")},
             # pyxis needs a step to attach the image to; otherwise run in the batch shell
             step_argv=(["srun", "--ntasks=1", *pyxis, *cons_argv] if (pyxis := srun_container_args(cfg, "consolidate"))
                        else cons_argv),
+        )
+    eval_job = None
+    if cfg.consolidate.every_checkpoint:
+        # consolidate.every_checkpoint: the consolidation job's CPU resources, per checkpoint
+        eval_argv = ["python", "-m", "fsdp_workflow.launch.evaluate", str(run_dir), Expand("${STEP}")]
+        eval_job = SbatchJob(
+            role="eval",
+            options=_cpu_job_options(cfg, "eval"),
+            path_options={"output": str(log_dir / "eval-%j.out")},
+            step_argv=wrap(eval_argv, "consolidate"),
         )
     return LaunchPlan(
         run_dir=run_dir,
@@ -226,6 +245,7 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         port_range=c.port_range,
         nnodes=c.nodes,
         nccl_env=dict(sorted(c.nccl_env.items())),
+        eval_job=eval_job,
     )
 
 

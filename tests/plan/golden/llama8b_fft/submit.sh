@@ -4,12 +4,19 @@
 set -euo pipefail
 RUN_DIR=/runs/llama8b_fft
 mkdir -p "$RUN_DIR/logs"
-train_id=$(sbatch --parsable --output=/runs/llama8b_fft/logs/train-%j.out /runs/llama8b_fft/train.sbatch)
+if ! train_id=$(sbatch --parsable --output=/runs/llama8b_fft/logs/train-%j.out /runs/llama8b_fft/train.sbatch); then
+  echo "submit.sh: sbatch of the training job failed (see the message above); nothing submitted" >&2
+  exit 1
+fi
 train_id=${train_id%%;*}
-echo "train $train_id" >> "$RUN_DIR/jobs.txt"
-echo "training job:      $train_id"
-cons_id=$(sbatch --parsable "--dependency=afterok:${train_id}" --kill-on-invalid-dep=yes --output=/runs/llama8b_fft/logs/consolidate-%j.out /runs/llama8b_fft/consolidate.sbatch)
+if ! cons_id=$(sbatch --parsable "--dependency=afterok:${train_id}" --kill-on-invalid-dep=yes --output=/runs/llama8b_fft/logs/consolidate-%j.out /runs/llama8b_fft/consolidate.sbatch); then
+  echo "submit.sh: sbatch of the consolidation job failed; cancelling training job $train_id" >&2
+  scancel "$train_id" || true
+  exit 1
+fi
 cons_id=${cons_id%%;*}
+echo "train $train_id" >> "$RUN_DIR/jobs.txt"
 echo "consolidate $cons_id" >> "$RUN_DIR/jobs.txt"
+echo "training job:      $train_id"
 echo "consolidation job: $cons_id (afterok:$train_id)"
 echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j $train_id"
