@@ -215,8 +215,7 @@ def check_container(cfg: WorkflowConfig, r: ValidationReport) -> None:
     if k.runtime == ContainerRuntime.pyxis and cfg.cluster.kind != ClusterKind.slurm:
         r.error("container.runtime", "pyxis", "pyxis is a Slurm srun plugin; a local run cannot use it",
                 "container=apptainer (or cluster=slurm cluster.partition=NAME)")
-    if k.runtime == ContainerRuntime.apptainer and k.image and k.image.endswith(".sif"):
-        _check_path(cfg, r, "container.image", k.image, "the Apptainer image")
+    # image existence, binds and --nv: fsdp_workflow.container.checks
 
 
 RULES: List[Rule] = [

@@ -64,8 +64,9 @@ Rule = Callable[[WorkflowConfig, ValidationReport], None]
 def all_rules() -> List[Rule]:
     """Every rule, in the order its messages are reported."""
     from fsdp_workflow.config import rules_run, rules_strategy, rules_topology
+    from fsdp_workflow.container.checks import check_container_steps  # images, binds, --nv
 
-    return [*rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES]
+    return [*rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES, check_container_steps]
 
 
 def validate(cfg: WorkflowConfig) -> ValidationReport:
