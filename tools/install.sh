@@ -9,15 +9,17 @@
 #   FSDP_WORKFLOW_TORCH_SPEC='torch==2.13.0' or '' to keep what you have.
 # - The project, editable, with its test extras.
 # - As root with apt-get (CI, test machines): the Debian packages the tests run
-#   for real: slurm-wlm and munge (a local Slurm), iproute2 (the two-node
-#   cluster), bubblewrap (container isolation). Skip with FSDP_WORKFLOW_SKIP_APT=1.
+#   for real: slurm-wlm, slurmdbd, munge and mariadb-server (a local Slurm
+#   with accounting, so sacct and submitit's polling work), iproute2 and
+#   iputils-ping (the two-node cluster), bubblewrap (container isolation).
+#   Skip with FSDP_WORKFLOW_SKIP_APT=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python3}"
 command -v "$PY" >/dev/null || PY=python
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${FSDP_WORKFLOW_SKIP_APT:-0}" != 1 ]; then
-    pkgs=(slurm-wlm munge iproute2 bubblewrap)
+    pkgs=(slurm-wlm slurmdbd munge mariadb-server iproute2 iputils-ping bubblewrap)
     missing=()
     for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ "${#missing[@]}" -gt 0 ]; then
