@@ -1,0 +1,60 @@
+"""The image recipes: sections present, base image pinned, the project installed and tested."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEF = ROOT / "containers" / "fsdp_workflow.def"
+DOCKERFILE = ROOT / "containers" / "Dockerfile"
+# A pinned tag names the torch and CUDA versions; an optional digest must be a full sha256.
+PINNED = re.compile(r"^[\w.\-/]+:\d+\.\d+\.\d+-cuda\d+\.\d+[\w.\-]*(@sha256:[0-9a-f]{64})?$")
+IMPORTS = ("torch", "transformers", "accelerate", "safetensors", "hydra", "submitit", "fsdp_workflow")
+
+
+def parse_def(text: str) -> tuple[dict, dict]:
+    """Apptainer definition: header ``Key: value`` lines, then ``%section`` bodies."""
+    header, sections, current = {}, {}, None
+    for line in text.splitlines():
+        if line.startswith("%"):
+            current = line[1:].split()[0]
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+        elif ":" in line and not line.lstrip().startswith("#"):
+            key, value = line.split(":", 1)
+            header[key.strip()] = value.strip()
+    return header, {k: "\n".join(v) for k, v in sections.items()}
+
+
+def test_definition_file_sections_base_and_install() -> None:
+    header, sections = parse_def(DEF.read_text())
+    assert header["Bootstrap"] == "docker"
+    assert PINNED.match(header["From"]), f"base image not pinned to a version tag: {header['From']}"
+    for name in ("files", "environment", "post", "test", "runscript", "labels", "help"):
+        assert name in sections, f"%{name} missing from {DEF}"
+    files = {line.split()[0] for line in sections["files"].splitlines() if line.strip()}
+    assert {"pyproject.toml", "fsdp_workflow", "conf"} <= files
+    for src in files:
+        assert (ROOT / src).exists(), f"%files copies {src}, which the repository does not have"
+    assert re.search(r"pip install -e /opt/fsdp_workflow", sections["post"])
+    assert "PYTHONNOUSERSITE=1" in sections["environment"]
+    for module in IMPORTS:
+        assert re.search(rf"\bimport\b.*\b{module}\b", sections["test"]), f"%test does not import {module}"
+    assert 'exec python -m fsdp_workflow "$@"' in sections["runscript"]
+
+
+def test_dockerfile_matches_the_definition() -> None:
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
+    def_base = parse_def(DEF.read_text())[0]["From"]
+    assert PINNED.match(base) and base == def_base, "both recipes start from the same pinned image"
+    assert "pip install -e /opt/fsdp_workflow" in text
+    assert re.search(r"ENV[^\n]*PYTHONNOUSERSITE=1", text)
+    for module in IMPORTS:
+        assert re.search(rf"RUN python -c \"import [^\"]*\b{module}\b", text), f"no import test for {module}"
+    for src in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.M):
+        for path in src.split():
+            assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
+    assert 'CMD ["python", "-m", "fsdp_workflow"]' in text
