@@ -10,7 +10,12 @@ import pytest
 from tests.train.runner import launch, log_text, make_run_dir
 
 # 20 steps, a checkpoint every 10, all kept: the reference for resume exactness.
-STRAIGHT = ["train.max_steps=20", "checkpoint.every_steps=10", "checkpoint.keep_last=0", "optimizer.lr=3e-3"]
+# Gradient accumulation and async DCP saves ride along (resuming from an async
+# checkpoint must reproduce the run exactly too).
+STRAIGHT = [
+    "train.max_steps=20", "train.grad_accum_steps=2", "checkpoint.every_steps=10", "checkpoint.keep_last=0",
+    "checkpoint.async_save=true", "optimizer.lr=3e-3",
+]
 
 
 @pytest.fixture(scope="session")

@@ -38,9 +38,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_cmd(run_dir: Path, nproc: int = 2) -> list[str]:
+# What the launcher must pass so that torchrun forwards Slurm's SIGUSR2 to the ranks
+# (torchrun's own default list overrides TORCHELASTIC_SIGNALS_TO_HANDLE).
+FORWARD_SIGNALS = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"]
+
+
+def launch_cmd(run_dir: Path, nproc: int = 2, torchrun_args: Sequence[str] = ()) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "torch.distributed.run", *torchrun_args,
         "--nproc_per_node", str(nproc), "--nnodes", "1",
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
         "-m", "fsdp_workflow.train", str(run_dir),
@@ -63,11 +68,42 @@ def launch(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = 
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
 
 
-def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-    """Start the trainer in its own process group (so a test can signal or kill all of it)."""
-    log = open(run_dir / "train.log", "ab")
-    return subprocess.Popen(launch_cmd(run_dir, nproc), env=launch_env(run_dir, extra_env),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None,
+          torchrun_args: Sequence[str] = ()) -> subprocess.Popen:
+    """Start the trainer in the background (torchrun gives each rank its own session)."""
+    with open(run_dir / "train.log", "ab") as log:
+        return subprocess.Popen(launch_cmd(run_dir, nproc, torchrun_args), env=launch_env(run_dir, extra_env),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def rank_pids(torchrun_pid: int) -> list[int]:
+    """The worker processes torchrun started (its children), by reading /proc."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == torchrun_pid:
+                out.append(int(d.name))
+    return sorted(out)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Block until metrics.jsonl reports ``step`` (fails if the run ends or time runs out)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and any(json.loads(l).get("step", 0) >= step for l in path.read_text().splitlines() if l.strip()):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer ended (rc {proc.returncode}) before step {step}:\n{log_text(run_dir)}")
+        time.sleep(0.1)
+    raise AssertionError(f"no step {step} within {timeout_s} s:\n{log_text(run_dir)}")
 
 
 def log_text(run_dir: Path) -> str:
