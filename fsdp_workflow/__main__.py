@@ -101,7 +101,9 @@ def _with_run_dir_as_hydra_dir(argv: List[str]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    args = _with_run_dir_as_hydra_dir(list(sys.argv[1:] if argv is None else argv))
+    from fsdp_workflow.config.load import normalize_overrides
+
+    args = _with_run_dir_as_hydra_dir(normalize_overrides(list(sys.argv[1:] if argv is None else argv)))
     sys.argv = [sys.argv[0]] + args
     try:
         _hydra_main()

@@ -60,6 +60,15 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
     return to_typed(OmegaConf.merge(schema, OmegaConf.load(path)))
 
 
+def normalize_overrides(overrides: Sequence[str]) -> List[str]:
+    """``+experiment=X`` and ``experiment=X`` both select an experiment.
+
+    The root config's defaults list holds ``experiment: smoke`` so that a bare
+    command is the smoke run; Hydra would refuse to *append* a second one.
+    """
+    return ["experiment=" + o.split("=", 1)[1] if o.startswith("+experiment=") else o for o in overrides]
+
+
 def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:
     """Compose ``conf/`` with Hydra's compose API and return the typed config.
 
@@ -72,7 +81,7 @@ def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:
 
     register_configs()
     register_resolvers()
-    ov: List[str] = list(overrides or [])
+    ov: List[str] = normalize_overrides(overrides or [])
     if not any(o.startswith("run_dir=") for o in ov):
         ov.append("run_dir=runs/compose")
     GlobalHydra.instance().clear()

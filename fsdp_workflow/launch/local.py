@@ -66,9 +66,12 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     argv = list(plan.consolidate_argv)
     if argv[:1] == ["python"]:
         argv[0] = sys.executable
-    print("[fsdp_workflow] consolidating: " + " ".join(argv[-6:]), file=sys.stderr)
+    print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
     rc = _run(argv, env)
     if rc != 0:
         print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
         return rc
+    out = argv[argv.index("fsdp_workflow.consolidate") + 2]
+    print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
+    print(f"  load it with: AutoModelForCausalLM.from_pretrained({out!r})")
     return 0
