@@ -28,12 +28,28 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_workflow.train.optim import OptimizerError
     from fsdp_workflow.train.parallel import StrategyError
 
+    _log_placement()
     try:
         return train(args[0])
     except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
         rank = os.environ.get("RANK", "0")
         print(f"fsdp_workflow.train [rank {rank}]: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+
+
+def _log_placement() -> None:
+    """One line per rank: its host and pid, and where it meets the others (multi-node debugging)."""
+    import socket
+
+    env = os.environ
+    print(
+        f"[fsdp_workflow] rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} "
+        f"(node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}) "
+        f"host {socket.gethostname()} pid {os.getpid()} "
+        f"master {env.get('MASTER_ADDR', '-')}:{env.get('MASTER_PORT', '-')}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
