@@ -90,6 +90,8 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
         Expand("--node_rank=${SLURM_NODEID:-0}"),
         Expand("--master_addr=${MASTER_ADDR}"),
         Expand("--master_port=${MASTER_PORT}"),
+        # The static rendezvous store's timeout; the ranks' process group gets the same one.
+        f"--rdzv_conf=timeout={c.rdzv_timeout_s}",
     ]
     if c.launcher == Launcher.accelerate:
         # accelerate launch drops FSDP for one process with its plain launcher; it is
@@ -101,6 +103,7 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
             Expand("--machine_rank=${SLURM_NODEID:-0}"),
             Expand("--main_process_ip=${MASTER_ADDR}"),
             Expand("--main_process_port=${MASTER_PORT}"),
+            f"--rdzv_conf=timeout={c.rdzv_timeout_s}",
             "-m", "fsdp_workflow.train", str(run_dir),
         ]
     return [
