@@ -1,0 +1,12 @@
+"""Streaming consolidation of sharded DCP checkpoints into verified Hugging Face models.
+
+    from fsdp_workflow.consolidate import consolidate
+    result = consolidate("runs/my-run", "runs/my-run/hf-model")
+
+See ``python -m fsdp_workflow.consolidate --help`` and docs/consolidation.md.
+"""
+
+from .api import ConsolidationResult, consolidate
+from .errors import ConsolidationError, UnsafeCheckpointError
+
+__all__ = ["consolidate", "ConsolidationResult", "ConsolidationError", "UnsafeCheckpointError"]

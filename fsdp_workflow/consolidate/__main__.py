@@ -1,0 +1,85 @@
+"""Consolidate a sharded DCP checkpoint into a Hugging Face model directory.
+
+Usage::
+
+    python -m fsdp_workflow.consolidate RUN_DIR RUN_DIR/hf-model
+    python -m fsdp_workflow.consolidate ckpt/pytorch_model_fsdp_0 out --dtype bf16 --reference base-model/
+    python -m fsdp_workflow.consolidate RUN_DIR/checkpoints out --average-last 3
+
+Exit status: 0 on success, 2 on a user error (message on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .api import consolidate
+from .errors import ConsolidationError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 10,20, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.5,0.5, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fsdp_workflow.consolidate",
+        description="Stream sharded torch.distributed.checkpoint (DCP) shards into a verified Hugging Face "
+                    "safetensors model, in bounded memory.",
+    )
+    p.add_argument("src", help="DCP dir, or a run dir / checkpoints dir / checkpoint-N / Accelerate output above one")
+    p.add_argument("out", help="output directory (must not exist)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep stored dtype)")
+    p.add_argument("--max-shard-size", default="5GB", help="split output files past this size (default 5GB)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--step", type=int, help="use step N (default: the latest)")
+    g.add_argument("--average-last", type=int, metavar="K", help="average the last K steps (fp32 accumulation)")
+    g.add_argument("--steps", type=_int_list, help="average these steps, e.g. 10,20")
+    p.add_argument("--weights", type=_float_list, help="averaging weights, one per step, e.g. 0.25,0.75")
+    p.add_argument("--subtree", help="take weights from this key root or subdirectory, e.g. ema")
+    p.add_argument("--reference", help="HF model dir with config.json/tokenizer (default: found beside the checkpoint)")
+    p.add_argument("--remove-sharded", action="store_true", help="delete the source DCP dir(s) after verification passed")
+    p.add_argument("--no-verify", action="store_true", help="skip verification (checksums, equality, architecture)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=int, help="copy/verify threads")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = consolidate(
+            args.src, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, step=args.step,
+            average_last=args.average_last, steps=args.steps, weights=args.weights, subtree=args.subtree,
+            reference=args.reference, remove_sharded=args.remove_sharded, verify=not args.no_verify,
+            progress=not args.no_progress, workers=args.workers,
+        )
+    except ConsolidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    v = result.verification
+    summary = {
+        "output": str(result.output), "layout": result.layout, "sources": [str(s) for s in result.sources],
+        "tensors": result.num_tensors, "bytes": result.num_bytes, "files": result.files,
+        "seconds": round(result.seconds, 2), "verified": v.get("ok") if "tensors" in v else None,
+        "dtype": v.get("dtype"), "architecture": (v.get("architecture") or {}).get("name"),
+        "from_pretrained": v.get("from_pretrained"), "tied_lm_head": v.get("tied_lm_head"), "notes": v.get("notes"),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Dtype conversion of raw little-endian tensor bytes with numpy, matching torch's rounding.
+
+numpy has no bfloat16, so bf16 is handled as uint16 bit patterns: widening is a shift,
+narrowing rounds to nearest even and maps every NaN to 0x7FC0, as ``c10::BFloat16`` does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_NP = {
+    "float64": np.float64, "float32": np.float32, "float16": np.float16,
+    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
+    "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "bool": np.bool_,
+}
+FLOAT_NAMES = ("float64", "float32", "float16", "bfloat16")
+CLI_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+              "fp32": "float32", "float32": "float32"}
+
+
+def to_f32(buf: bytes | memoryview, dtype: str) -> np.ndarray:
+    """Decode bytes of ``dtype`` into a float32 array (copying)."""
+    if dtype == "bfloat16":
+        return (np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if dtype in _NP:
+        return np.frombuffer(buf, dtype=_NP[dtype]).astype(np.float32)
+    raise ValueError(f"cannot convert {dtype} to float32")
+
+
+def from_f32(arr: np.ndarray, dtype: str) -> bytes:
+    """Encode a float32 array as ``dtype`` bytes, rounding like torch."""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "bfloat16":
+        u = arr.view(np.uint32)
+        out = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
+        nan = np.isnan(arr)
+        if nan.any():
+            out[nan] = 0x7FC0
+        return out.tobytes()
+    return arr.astype(_NP[dtype]).tobytes()
+
+
+def cast_bytes(buf: bytes | memoryview, src: str, dst: str) -> bytes:
+    """Convert raw tensor bytes from ``src`` to ``dst`` dtype (both floating point)."""
+    if src == dst:
+        return bytes(buf)
+    if src in ("float64", "float16") and dst in ("float64", "float16", "float32") and "bfloat16" not in (src, dst):
+        return np.frombuffer(buf, dtype=_NP[src]).astype(_NP[dst]).tobytes()
+    return from_f32(to_f32(buf, src), dst)

@@ -1,0 +1,15 @@
+"""Exceptions raised by the consolidator."""
+
+from __future__ import annotations
+
+
+class ConsolidationError(ValueError):
+    """A failure the user can fix: a bad path, a broken checkpoint, a bad option.
+
+    The message names the file or key, the value found and the fix. The CLI prints it
+    without a traceback and exits with status 2.
+    """
+
+
+class UnsafeCheckpointError(ConsolidationError):
+    """A pickle in the checkpoint references something outside the allowed set."""

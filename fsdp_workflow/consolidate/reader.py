@@ -1,0 +1,224 @@
+"""Index a DCP checkpoint directory: which bytes of which file make up each tensor.
+
+Nothing here loads tensor data. :class:`DcpCheckpoint` reads ``.metadata`` with the
+restricted unpickler, deduplicates replicated chunks (2-D meshes), checks that chunks tile
+each tensor and that shard files are long enough, and turns every chunk into "runs":
+contiguous byte ranges that map one-to-one onto the row-major output tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from .errors import ConsolidationError
+from .metadata import BytesStorageMetadata, TensorStorageMetadata, dtype_info, load_dcp_metadata
+from .zipchunk import ChunkData, locate_chunk
+
+
+def prod(xs: tuple) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+@dataclass
+class Chunk:
+    """One stored piece of a tensor: its place in the tensor and its byte range on disk."""
+
+    offsets: tuple
+    sizes: tuple
+    file: Path
+    offset: int
+    length: int
+    transforms: tuple = ()
+
+    @property
+    def numel(self) -> int:
+        return prod(self.sizes)
+
+
+@dataclass
+class SourceTensor:
+    """A tensor of the checkpoint: dtype name, global shape and its chunks."""
+
+    fqn: str
+    dtype: str
+    shape: tuple
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtype_info(self.dtype)[1]
+
+
+def row_major_strides(shape: tuple) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def chunk_runs(shape: tuple, chunk: Chunk) -> list[tuple[int, int, int]]:
+    """Contiguous pieces of ``chunk`` as (src element offset, dst element offset, elements)."""
+    n = len(shape)
+    if n == 0:
+        return [(0, 0, 1)]
+    if chunk.numel == 0:
+        return []
+    strides = row_major_strides(shape)
+    k = n - 1
+    while k > 0 and chunk.offsets[k] == 0 and chunk.sizes[k] == shape[k]:
+        k -= 1
+    run = chunk.sizes[k] * strides[k]
+    base = chunk.offsets[k] * strides[k]
+    runs = []
+    src = 0
+    for idx in itertools.product(*(range(chunk.sizes[j]) for j in range(k))):
+        dst = base + sum((chunk.offsets[j] + i) * strides[j] for j, i in enumerate(idx))
+        runs.append((src, dst, run))
+        src += run
+    return runs
+
+
+class DcpCheckpoint:
+    """A DCP directory (``.metadata`` plus ``__R_K.distcp`` files), indexed, not loaded.
+
+    Args:
+        path: The directory holding ``.metadata``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.metadata = load_dcp_metadata(self.path / ".metadata")
+        storage = {}
+        for idx, info in (self.metadata.storage_data or {}).items():
+            storage[(idx.fqn, tuple(idx.offset) if idx.offset is not None else None)] = info
+        self.tensors: dict[str, SourceTensor] = {}
+        self.bytes_keys: list[str] = []
+        for fqn, md in self.metadata.state_dict_metadata.items():
+            if isinstance(md, BytesStorageMetadata):
+                self.bytes_keys.append(fqn)
+                continue
+            if not isinstance(md, TensorStorageMetadata):
+                raise ConsolidationError(f"{self.path / '.metadata'}: key '{fqn}' has unknown storage type {type(md).__name__}")
+            self.tensors[fqn] = self._tensor(fqn, md, storage)
+
+    def _tensor(self, fqn: str, md: TensorStorageMetadata, storage: dict) -> SourceTensor:
+        t = SourceTensor(fqn, md.properties.dtype.name, tuple(md.size))
+        seen: dict[tuple, tuple] = {}
+        for c in md.chunks:
+            offsets, sizes = tuple(c.offsets), tuple(c.sizes)
+            if offsets in seen:  # replica of the same shard (HSDP / 2-D mesh)
+                if seen[offsets] != sizes:
+                    raise ConsolidationError(f"{self.path}: tensor '{fqn}' lists two chunks at offset {offsets} with different sizes")
+                continue
+            seen[offsets] = sizes
+            info = storage.get((fqn, offsets))
+            if info is None:
+                raise ConsolidationError(f"{self.path / '.metadata'}: tensor '{fqn}' chunk at {offsets} has no storage entry; the metadata is incomplete")
+            t.chunks.append(Chunk(offsets, sizes, self.path / info.relative_path, int(info.offset), int(info.length),
+                                  tuple(getattr(info, "transform_descriptors", None) or ())))
+        covered = sum(c.numel for c in t.chunks)
+        if covered != t.numel:
+            raise ConsolidationError(
+                f"{self.path}: tensor '{fqn}' of shape {list(t.shape)} has chunks covering {covered} of {t.numel} elements; "
+                "a rank's shard is missing from the metadata"
+            )
+        return t
+
+    @cached_property
+    def step_from_name(self) -> int | None:
+        digits = "".join(ch for ch in self.path.name.split("-")[-1] if ch.isdigit())
+        return int(digits) if digits else None
+
+    def check_files(self, fqns: list[str]) -> None:
+        """Raise if a shard file needed by ``fqns`` is missing or shorter than its chunks."""
+        need: dict[Path, int] = {}
+        for fqn in fqns:
+            for c in self.tensors[fqn].chunks:
+                need[c.file] = max(need.get(c.file, 0), c.offset + c.length)
+        for f, end in sorted(need.items()):
+            if not f.is_file():
+                raise ConsolidationError(f"{f}: shard file is missing (the metadata lists chunks in it); copy it back or use another checkpoint")
+            size = f.stat().st_size
+            if size < end:
+                raise ConsolidationError(f"{f}: shard file is truncated ({size} bytes, the metadata needs {end}); the save or the copy was interrupted")
+
+
+class ChunkHandle:
+    """Readable bytes of one chunk, in row-major order of the chunk itself.
+
+    Plain chunks are read straight from the shard file at the located offset. Chunks
+    written with stream transforms (zstd) or stored non-contiguously go through DCP's
+    own extension registry and ``torch.load(weights_only=True)``.
+    """
+
+    def __init__(self, chunk: Chunk, dtype: str) -> None:
+        self.chunk = chunk
+        self.fd = os.open(chunk.file, os.O_RDONLY)
+        self.mem: bytes | None = None
+        self.data: ChunkData | None = None
+        if chunk.transforms:
+            self.mem = _torch_load_chunk(chunk)
+        else:
+            self.data = locate_chunk(self.fd, chunk.offset, chunk.length, str(chunk.file))
+            if self.data.dtype != dtype or self.data.shape != chunk.sizes:
+                raise ConsolidationError(
+                    f"{chunk.file}: chunk at offset {chunk.offset} holds {self.data.dtype}{list(self.data.shape)}, "
+                    f"the metadata says {dtype}{list(chunk.sizes)}; the shard does not belong to this checkpoint"
+                )
+            if not self.data.contiguous:
+                self.mem = _torch_load_chunk(chunk)
+
+    @property
+    def raw_offset(self) -> int | None:
+        """Absolute file offset of the chunk bytes when they can be copied in-kernel."""
+        return None if self.mem is not None else self.data.data_offset  # type: ignore[union-attr]
+
+    def read(self, off: int, n: int) -> bytes:
+        if self.mem is not None:
+            return self.mem[off : off + n]
+        buf = os.pread(self.fd, n, self.data.data_offset + off)  # type: ignore[union-attr]
+        if len(buf) != n:
+            raise ConsolidationError(f"{self.chunk.file}: truncated while reading chunk at offset {self.chunk.offset}")
+        return buf
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _torch_load_chunk(chunk: Chunk) -> bytes:
+    """Decode a chunk with DCP's own machinery (safe: weights_only=True)."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+
+    registry = ExtensionRegistry()
+    for ext in EXTRA_EXTENSIONS:
+        registry.register(ext)
+    with open(chunk.file, "rb") as f:
+        f.seek(chunk.offset)
+        stream: io.IOBase = io.BytesIO(f.read(chunk.length))
+    try:
+        for ext in registry.from_descriptor_list(list(chunk.transforms)):
+            stream = ext.transform_from(stream)
+        data = io.BytesIO(stream.read())
+        tensor = torch.load(data, map_location="cpu", weights_only=True)
+    except ValueError as exc:
+        raise ConsolidationError(f"{chunk.file}: chunk at offset {chunk.offset} uses transforms {list(chunk.transforms)}: {exc}") from None
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+# Extension classes registered on top of DCP's defaults (tests add a custom one).
+EXTRA_EXTENSIONS: list = []

@@ -1,0 +1,107 @@
+"""Checks against the architecture: expected keys and shapes, class name, loading.
+
+:class:`ArchitectureCheck` runs in a background thread while the copy runs: importing
+torch and transformers and instantiating the model on the meta device takes seconds, and
+the copy itself needs neither.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .hf_assets import needs_arch_from_model_type
+
+
+@dataclass
+class ArchResult:
+    architecture: str | None = None
+    expected: dict[str, tuple] = field(default_factory=dict)
+    optional: set[str] = field(default_factory=set)  # tied aliases that may be absent
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    res = ArchResult()
+    config = AutoConfig.from_pretrained(str(reference))
+    name = archs[0] if archs else None
+    if needs_arch_from_model_type(archs):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        res.notes.append(f"architectures {archs} name a wrapper; resolved '{name}' from model_type '{config.model_type}'")
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        res.error = (f"architecture '{name}' (config.json 'architectures') does not resolve to a class in transformers "
+                     f"{transformers.__version__}; fix 'architectures' in the reference config.json")
+        res.architecture = name
+        return res
+    res.architecture = name
+    with torch.device("meta"):
+        model = cls(config)
+    res.expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    groups: dict[int, list[str]] = {}
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(pname)
+    for names in groups.values():
+        res.optional.update(names[1:])
+    if getattr(config, "tie_word_embeddings", False):
+        out_emb = model.get_output_embeddings()
+        if out_emb is not None:
+            for pname, p in model.named_parameters(remove_duplicate=False):
+                if p is out_emb.weight:
+                    res.optional.add(pname)
+    return res
+
+
+class ArchitectureCheck(threading.Thread):
+    """Compute expected keys/shapes in the background; ``result()`` joins."""
+
+    def __init__(self, reference: Path, archs: list[str]) -> None:
+        super().__init__(daemon=True, name="arch-check")
+        self.reference = reference
+        self.archs = archs
+        self._result = ArchResult()
+
+    def run(self) -> None:
+        try:
+            self._result = _expected_from_config(self.reference, self.archs)
+        except Exception as exc:  # noqa: BLE001 - reported in verification.json
+            self._result = ArchResult(error=f"cannot instantiate the architecture from {self.reference / 'config.json'}: {type(exc).__name__}: {exc}")
+
+    def result(self) -> ArchResult:
+        self.join()
+        return self._result
+
+
+def compare_keys(arch: ArchResult, written: dict[str, tuple]) -> dict[str, Any]:
+    """Missing / unexpected / shape-mismatched keys of the output against the architecture."""
+    missing = sorted(k for k in arch.expected if k not in written and k not in arch.optional)
+    unexpected = sorted(k for k in written if k not in arch.expected)
+    mismatched = sorted(
+        f"{k}: checkpoint {list(written[k])} vs config {list(arch.expected[k])}"
+        for k in written if k in arch.expected and tuple(written[k]) != tuple(arch.expected[k])
+    )
+    return {"expected": len(arch.expected), "written": len(written), "missing": missing,
+            "unexpected": unexpected, "shape_mismatch": mismatched}
+
+
+def from_pretrained_check(out_dir: Path, architecture: str) -> dict[str, Any]:
+    """Load the output with transformers and report what it said about the keys."""
+    import transformers
+
+    cls = getattr(transformers, architecture)
+    try:
+        model, info = cls.from_pretrained(str(out_dir), output_loading_info=True, dtype="auto")
+    except Exception as exc:  # noqa: BLE001 - reported
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    problems = {k: [str(x) for x in v] for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
+    del model
+    return {"ok": not problems, **problems}
