@@ -76,13 +76,18 @@ class _DelayedWriter(FileSystemWriter):
         super().finish(metadata, results)
 
 
+def is_complete(path: Path) -> bool:
+    """A DCP checkpoint has ``.metadata``; a DeepSpeed one has its ``latest`` tag file."""
+    return (path / ".metadata").is_file() or (path / "latest").is_file()
+
+
 def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints (``step-<int>`` holding ``.metadata``), oldest first."""
+    """Complete checkpoints (``step-<int>`` directories), oldest first."""
     out = []
     if ckpt_dir.is_dir():
         for p in ckpt_dir.iterdir():
             m = STEP_RE.match(p.name)
-            if m and p.is_dir() and (p / ".metadata").is_file():
+            if m and p.is_dir() and is_complete(p):
                 out.append((int(m.group(1)), p))
     return sorted(out)
 
@@ -121,7 +126,7 @@ class Checkpointer:
             found = list_checkpoints(self.dir)
             return found[-1][1] if found else None
         p = Path(r)
-        if not (p / ".metadata").is_file():
+        if not is_complete(p):
             raise CheckpointError(
                 f"checkpoint.resume={r!r} is not a complete checkpoint (no .metadata). Use auto, none, "
                 f"or a RUN_DIR/checkpoints/step-N directory; complete ones here: "
@@ -153,6 +158,35 @@ class Checkpointer:
         dcp.save(state, storage_writer=writer)
         self._commit(step, tmp, final)
         dist.barrier()
+
+    def save_deepspeed(self, step: int, engine: Any, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's own format (``engine.save_checkpoint``) under the same tmp-then-rename scheme.
+
+        ``step-N/`` then holds ``latest`` and ``global_stepN/`` (model and ZeRO
+        optimizer partitions), which DeepSpeed's ``zero_to_fp32`` and the
+        consolidator read. ``client_state`` carries the trainer and scheduler state.
+        """
+        self.wait()
+        final, tmp = self.dir / f"step-{step}", self.dir / f"step-{step}.tmp"
+        if self.rank == 0 and tmp.exists():
+            shutil.rmtree(tmp)
+        dist.barrier()
+        engine.save_checkpoint(str(tmp), tag=f"global_step{step}", client_state=client_state)
+        dist.barrier()  # every rank's partition is on disk
+        self._commit(step, tmp, final)
+        dist.barrier()
+
+    @staticmethod
+    def load_deepspeed(path: Path, engine: Any) -> dict[str, Any]:
+        """Load a DeepSpeed checkpoint into ``engine``; return its client state.
+
+        DeepSpeed unpickles its own files (``torch.load`` inside DeepSpeed): only resume
+        from checkpoints this run wrote.
+        """
+        _, client_state = engine.load_checkpoint(str(path))
+        if client_state is None:
+            raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+        return client_state
 
     def poll(self) -> None:
         """Commit a finished async save without blocking (call once per step)."""

@@ -45,7 +45,7 @@ from fsdp_workflow.train.tokenizer import load_tokenizer
 
 # Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
 # loss runs chunked over positions (install_chunked_loss_forward); others use HF's.
-CHUNKED_LOSS_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma"} - {"gemma"}
+CHUNKED_LOSS_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def _device_is_cpu(cfg: WorkflowConfig) -> bool:
@@ -77,10 +77,10 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
 
 
-def install_loss_forward(model: torch.nn.Module, model_type: str) -> None:
+def install_loss_forward(model: torch.nn.Module, model_type: str, compile_loss: bool = False) -> None:
     """Give the bare model ``forward(input_ids, labels) -> mean loss``."""
     if model_type in CHUNKED_LOSS_MODEL_TYPES:
-        model_lib.install_chunked_loss_forward(model)
+        model_lib.install_chunked_loss_forward(model, compile_loss=compile_loss)
         return
     hf_forward = model.forward
 
@@ -96,9 +96,9 @@ def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
     FSDP's hooks stay outside the compiled regions (they run in ``Module.__call__``)
     and parameter names, hence checkpoint keys, do not change.
     """
+    layer_classes = model_lib.decoder_layer_classes(getattr(model, "module", model), layer_names)
     for m in model.modules():
-        inner = getattr(m, "_checkpoint_wrapped_module", m)
-        if type(inner).__name__ in layer_names and inner is m:
+        if isinstance(m, layer_classes):
             m.forward = torch.compile(m.forward)  # type: ignore[method-assign]
 
 
@@ -141,7 +141,7 @@ def main(run_dir_arg: str) -> int:
         strategy,
         build,
         lambda m: build_optimizer(m.parameters(), cfg.optimizer, device.type),
-        lambda m: install_loss_forward(m, cfg.model.model_type),
+        lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
         micro_batch_size=mb,
     )
     model = prepared.model
@@ -166,10 +166,7 @@ def main(run_dir_arg: str) -> int:
     step = 0
     resume_from = ckpt.resume_path()
     if resume_from is not None:
-        state = _state(prepared, scheduler, batches, step, cfg)
-        ckpt.load(resume_from, state)
-        _apply_state(prepared, scheduler, batches, state)
-        step = int(state["trainer"]["step"])
+        step = _resume(ckpt, resume_from, prepared, scheduler, batches, cfg)
 
     log = MetricsLogger(run_dir, rank == 0, cfg.train.max_steps, step, cfg.train.log_every_steps)
     if resume_from is not None:
@@ -229,17 +226,17 @@ def main(run_dir_arg: str) -> int:
             if stop:
                 reason = f"preempted ({flag.name or 'signal on another rank'})"
                 if last_saved != step:
-                    ckpt.save(step, _state(prepared, scheduler, batches, step, cfg), blocking=True)
+                    _save(ckpt, prepared, scheduler, batches, step, cfg, blocking=True)
                     last_saved = step
                 ckpt.wait()
                 exit_code = EXIT_REQUEUE
                 break
             every = cfg.checkpoint.every_steps
             if every and step % every == 0:
-                ckpt.save(step, _state(prepared, scheduler, batches, step, cfg))
+                _save(ckpt, prepared, scheduler, batches, step, cfg)
                 last_saved = step
         if exit_code == EXIT_OK and cfg.checkpoint.save_final and last_saved != step:
-            ckpt.save(step, _state(prepared, scheduler, batches, step, cfg), blocking=True)
+            _save(ckpt, prepared, scheduler, batches, step, cfg, blocking=True)
             last_saved = step
         ckpt.wait()
     finally:
@@ -273,33 +270,45 @@ class _AssetsView:
         self.generation_config = holder.get("generation_config")
 
 
+def _trainer_state(batches: RankBatches, step: int, cfg: WorkflowConfig) -> dict[str, int]:
+    # RNG: every step reseeds from (seed, step, rank) (see step_seed), so the seed and
+    # the step are the whole RNG state, valid for any number of ranks.
+    return {"step": step, **batches.state_dict(), "seed": cfg.train.seed, "data_seed": cfg.data.seed}
+
+
 def _state(prepared: parallel.Prepared, scheduler: Any, batches: RankBatches, step: int, cfg: WorkflowConfig) -> dict[str, Any]:
     """The checkpoint's state dict: model and optimizer by FQN (sharded), scheduler, trainer."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(prepared.model, prepared.torch_optimizer)
-    return {
-        "model": msd,
-        "optimizer": osd,
-        "scheduler": scheduler.state_dict(),
-        "trainer": {
-            "step": step,
-            **batches.state_dict(),
-            # RNG: every step reseeds from (seed, step, rank) (see step_seed), so these two
-            # numbers are the whole RNG state, valid for any number of ranks.
-            "seed": cfg.train.seed,
-            "data_seed": cfg.data.seed,
-        },
-    }
+    return {"model": msd, "optimizer": osd, "scheduler": scheduler.state_dict(),
+            "trainer": _trainer_state(batches, step, cfg)}
 
 
-def _apply_state(prepared: parallel.Prepared, scheduler: Any, batches: RankBatches, state: dict[str, Any]) -> None:
+def _save(ckpt: Checkpointer, prepared: parallel.Prepared, scheduler: Any, batches: RankBatches, step: int,
+          cfg: WorkflowConfig, blocking: bool = False) -> None:
+    if prepared.strategy == "deepspeed":
+        client = {"scheduler": scheduler.state_dict(), "trainer": _trainer_state(batches, step, cfg)}
+        ckpt.save_deepspeed(step, prepared.model, client)
+    else:
+        ckpt.save(step, _state(prepared, scheduler, batches, step, cfg), blocking=blocking)
+
+
+def _resume(ckpt: Checkpointer, path: Path, prepared: parallel.Prepared, scheduler: Any, batches: RankBatches,
+            cfg: WorkflowConfig) -> int:
+    """Load the checkpoint at ``path`` into everything; return its step."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    set_state_dict(prepared.model, prepared.torch_optimizer,
-                   model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if prepared.strategy == "deepspeed":
+        state = ckpt.load_deepspeed(path, prepared.model)
+    else:
+        state = _state(prepared, scheduler, batches, 0, cfg)
+        ckpt.load(path, state)
+        set_state_dict(prepared.model, prepared.torch_optimizer,
+                       model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     batches.load_state_dict(state["trainer"])
+    return int(state["trainer"]["step"])
 
 
 @torch.no_grad()

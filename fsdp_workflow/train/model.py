@@ -129,7 +129,8 @@ def decoder_layer_classes(model: nn.Module, names: Optional[list[str]]) -> Tuple
         ValueError: a name matches no module class in the model.
     """
     wanted = list(names or getattr(model, "_no_split_modules", None) or [])
-    found = {type(m).__name__: type(m) for m in model.modules()}
+    # Walk the MRO: FSDP2 swaps a sharded module's class for a subclass (FSDPLlamaDecoderLayer).
+    found = {c.__name__: c for m in model.modules() for c in type(m).__mro__}
     missing = [n for n in wanted if n not in found]
     if missing:
         raise ValueError(
@@ -140,7 +141,11 @@ def decoder_layer_classes(model: nn.Module, names: Optional[list[str]]) -> Tuple
     return tuple(found[n] for n in wanted)
 
 
-def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192) -> None:
+def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=-100)
+
+
+def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192, compile_loss: bool = False) -> None:
     """Give ``model`` a ``forward(input_ids, labels) -> loss`` that never holds all logits at once.
 
     The decoder runs through ``model.model``; the ``lm_head`` projection and the
@@ -153,15 +158,19 @@ def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192) -> 
     Args:
         model: a ``*ForCausalLM`` with ``.model`` and ``.lm_head`` (or ``get_output_embeddings``).
         chunk_tokens: positions per chunk (batch * seq positions).
+        compile_loss: ``torch.compile`` the upcast + cross-entropy, so the fp32 logits
+            are never written to memory (the lm_head itself stays outside: FSDP's hooks
+            on it must not be traced).
     """
     from torch.utils.checkpoint import checkpoint
 
     backbone = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
 
+    ce = torch.compile(_cross_entropy_sum) if compile_loss else _cross_entropy_sum
+
     def _chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = head(h).float()
-        return F.cross_entropy(logits, y, reduction="sum", ignore_index=-100)
+        return ce(head(h), y)
 
     def forward(input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hidden = backbone(input_ids=input_ids).last_hidden_state

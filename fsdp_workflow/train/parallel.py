@@ -62,6 +62,12 @@ def check_strategy_available(strategy: str, device_type: str) -> None:
             "(`pip install 'fsdp_workflow[deepspeed]'`, on a machine with CUDA) or choose "
             "strategy=fsdp2 or strategy=ddp."
         )
+    if strategy == "deepspeed" and device_type == "cpu":
+        raise StrategyError(
+            "strategy=deepspeed_zero* needs CUDA GPUs: DeepSpeed's CPU accelerator needs Intel's oneCCL "
+            "bindings, which this project does not support. Use strategy=fsdp2 (sharded like ZeRO-3) or "
+            "strategy=ddp on CPU."
+        )
     if strategy == "fsdp1" and device_type == "cpu":
         raise StrategyError(
             "strategy=fsdp1 (FSDP_VERSION=1) needs CUDA: Accelerate only enables FSDP on accelerators "

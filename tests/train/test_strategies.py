@@ -56,10 +56,12 @@ def test_fsdp1_on_cpu_is_a_clear_error() -> None:
     check_strategy_available("fsdp1", "cuda")
 
 
-def test_missing_deepspeed_is_a_clear_error() -> None:
+def test_deepspeed_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("deepspeed") is not None:
-        pytest.skip("deepspeed is installed")
-    with pytest.raises(StrategyError, match="deepspeed"):
+    with pytest.raises(StrategyError, match="needs CUDA"):
+        check_strategy_available("deepspeed", "cpu")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(StrategyError, match="pip install"):
         check_strategy_available("deepspeed", "cuda")
