@@ -1,0 +1,93 @@
+"""Shared by the Slurm pipeline tests: submit the smoke chain, wait for it, read the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import slurm_utils as su
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ["+experiment=smoke", "cluster=slurm", "cluster.partition=debug"]
+
+
+def run_cli(run_dir: Path, *overrides: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """``python -m fsdp_workflow +experiment=smoke cluster=slurm ...`` from the repo root."""
+    argv = [sys.executable, "-m", "fsdp_workflow", *SMOKE, f"run_dir={run_dir}", *overrides]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
+def jobs(run_dir: Path) -> Dict[str, int]:
+    """role -> job id, from RUN_DIR/jobs.txt."""
+    out = {}
+    for line in (run_dir / "jobs.txt").read_text().splitlines():
+        role, job_id = line.split()[:2]
+        out[role] = int(job_id)
+    return out
+
+
+def metrics(run_dir: Path) -> List[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def logs(run_dir: Path, tail_chars: int = 4000) -> str:
+    """Every job log of the run (the last ``tail_chars`` of each; 0: all)."""
+    parts = []
+    for p in sorted((run_dir / "logs").rglob("*.out")) + sorted((run_dir / "logs").rglob("*.err")):
+        text = p.read_text(errors="replace")
+        parts.append(f"--- {p}\n{text[-tail_chars:] if tail_chars else text}")
+    return "\n".join(parts)
+
+
+def wait_done(run_dir: Path, job_id: int, timeout_s: float) -> dict:
+    rec = su.wait_for_job(job_id, timeout_s=timeout_s)
+    return rec
+
+
+def load_consolidated(model_dir: Path) -> None:
+    """The consolidated output loads with transformers and produces finite logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert torch.isfinite(logits).all()
+    verification = json.loads((model_dir / "verification.json").read_text())
+    assert verification.get("ok") is True, verification
+
+
+def env_with(**extra: str) -> dict:
+    return {**os.environ, **extra}
+
+
+def wait_batch_gone(job_id: int, nodes: List[str], timeout_s: float = 60) -> None:
+    """Wait until the previous run's batch script has exited on every node.
+
+    A job that requeues itself (``scontrol requeue`` in its batch script) is
+    PENDING before that script has finished; releasing it at once (tests only:
+    StartTime=now) can start the next run while slurmd is still cleaning up the
+    old one (seen here: "Killing non-startable batch JobId=N: Job credential
+    revoked"). slurmd removes ``job<ID>/`` from its spool dir
+    when the batch step is gone.
+    """
+    import time
+
+    conf = su._run(["scontrol", "show", "config"]).stdout
+    spool = next(l.split("=", 1)[1].strip() for l in conf.splitlines() if l.startswith("SlurmdSpoolDir"))
+    dirs = [Path(spool.replace("%n", n)) / f"job{job_id:05d}" for n in nodes]
+    deadline = time.monotonic() + timeout_s
+    while any(d.exists() for d in dirs):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id}: batch script still present after {timeout_s} s: {dirs}")
+        time.sleep(0.2)
+    # slurmd revokes the old run's credential with 1-second resolution; a relaunch in
+    # the same second is refused ("Job credential revoked") and the job FAILS.
+    time.sleep(2.5)

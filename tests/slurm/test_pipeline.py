@@ -1,0 +1,111 @@
+"""The whole chain on the real local Slurm: train (submitit or submit.sh), consolidate afterok.
+
+Each test runs the smoke experiment (tiny Llama, 1 node x torchrun with 2 CPU
+ranks, fits 2 CPUs and 8 GB) with the real trainer and consolidator.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import pipeline_helpers as ph
+import slurm_utils as su
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _assert_chain_completed(run_dir, ids):
+    train = su.wait_for_job(ids["train"], timeout_s=180)
+    assert train["JobState"] == "COMPLETED", (train, ph.logs(run_dir))
+    cons = su.wait_for_job(ids["consolidate"], timeout_s=120)
+    assert cons["JobState"] == "COMPLETED", (cons, ph.logs(run_dir))
+    assert cons["StartTime"] >= train["EndTime"]
+    ph.load_consolidated(run_dir / "hf_model")
+
+
+def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run cli"
+    proc = ph.run_cli(run_dir)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    ids = ph.jobs(run_dir)
+    # It printed both ids, the logs and how to follow them, and did not wait.
+    assert f"training job:      {ids['train']}" in proc.stdout
+    assert f"consolidation job: {ids['consolidate']}" in proc.stdout
+    assert "python -m fsdp_workflow.status" in proc.stdout and "tail -f" in proc.stdout
+    rec = su.show_job(ids["consolidate"])
+    assert rec["JobState"] == "PENDING" and f"afterok:{ids['train']}" in rec["Dependency"]
+    _assert_chain_completed(run_dir, ids)
+    assert ph.metrics(run_dir)[-1]["step"] == 30
+    status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
+                            capture_output=True, text=True, check=True)
+    st = json.loads(status.stdout)
+    assert [j["status"] for j in st["jobs"]] == ["done", "done"]
+    assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
+
+
+def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run sh"
+    proc = ph.run_cli(run_dir, "dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    ids = ph.jobs(run_dir)
+    assert set(ids) == {"train", "consolidate"}
+    _assert_chain_completed(run_dir, ids)
+    assert (run_dir / "logs" / f"train-{ids['train']}.out").exists()
+
+
+def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
+    data = tmp_path / "corpus.txt"
+    data.write_text((ph.ROOT / "data" / "smoke" / "corpus.txt").read_text())
+    run_dir = tmp_path / "run fail"
+    # Config-legal at planning time; the file is gone when the job starts.
+    proc = ph.run_cli(run_dir, f"data.path={data}", "+cluster.additional_parameters.begin=now+4")
+    assert proc.returncode == 0, proc.stderr
+    data.unlink()
+    ids = ph.jobs(run_dir)
+    train = su.wait_for_job(ids["train"], timeout_s=120)
+    assert train["JobState"] == "FAILED", (train, ph.logs(run_dir))
+    cons = su.wait_for_job(ids["consolidate"], timeout_s=60)
+    assert cons["JobState"] == "CANCELLED", cons
+    assert cons["Reason"] == "DependencyNeverSatisfied", cons
+    assert cons.get("StartTime") in (None, "Unknown", "None") or cons.get("RunTime") == "00:00:00"
+    assert not (run_dir / "hf_model").exists()
+    assert not (run_dir / "logs" / "submitit" / f"{ids['consolidate']}_0_log.out").exists()
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
+                        capture_output=True, text=True, check=True).stdout
+    assert "failed" in st and "DependencyNeverSatisfied" in st
+
+
+def test_signalled_training_checkpoints_requeues_resumes_and_consolidation_follows(slurm_cluster, tmp_path):
+    import time
+
+    run_dir = tmp_path / "run requeue"
+    proc = ph.run_cli(run_dir, "train.max_steps=150", "checkpoint.every_steps=0")
+    assert proc.returncode == 0, proc.stderr
+    ids = ph.jobs(run_dir)
+    deadline = time.monotonic() + 150
+    while not any(m["step"] >= 5 for m in ph.metrics(run_dir)):
+        assert time.monotonic() < deadline, ph.logs(run_dir)
+        assert su.job_state(ids["train"]) in ("PENDING", "RUNNING"), ph.logs(run_dir)
+        time.sleep(0.5)
+    # Like --signal=USR2@T: to every process of the job's steps (not the batch shell).
+    subprocess.run(["scancel", "--signal=USR2", str(ids["train"])], check=True)
+    su.wait_for_state(ids["train"], {"PENDING"}, timeout_s=120)
+    ph.wait_batch_gone(ids["train"], slurm_cluster.nodes)
+    rec = su.release_requeued(ids["train"], timeout_s=60)
+    assert rec["Restarts"] == "1", rec
+    saved = int((run_dir / ".requeue").read_text().split()[1])
+    assert 5 <= saved < 150
+    assert (run_dir / "checkpoints" / f"step-{saved}").is_dir()
+    _assert_chain_completed(run_dir, ids)
+    assert [m["step"] for m in ph.metrics(run_dir)] == list(range(1, 151))
+    log = ph.logs(run_dir, tail_chars=0)
+    assert "requeueing job" in log
+    # The second run resumed from the signal's checkpoint, not from step 0.
+    assert f"step-{saved} at step {saved}" in log, log[-3000:]
+    assert json.loads((run_dir / "train_exit.json").read_text())["step"] == 150
