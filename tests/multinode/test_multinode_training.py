@@ -1,0 +1,241 @@
+"""Training that really spans two Slurm nodes (issue 7), on tools/slurm/two_node_cluster.sh.
+
+    python -m pytest tests/multinode/test_multinode_training.py
+
+The run goes through the real CLI and the real submission path (submitit: one
+task per node, each running ``train_node.sh`` -> ``torchrun --nnodes=2``), then
+the dependent consolidation job. The nodes n1 and n2 are network namespaces
+joined by a bridge: the ranks meet over TCP at ``n1:<port from the job id>``,
+exactly as on a real cluster, though they share this machine's CPUs, PID
+namespace and filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slurm_utils as su
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+# A short run: two checkpoints, so both a mid-run and the final save cross nodes.
+SMALL = ["train.max_steps=12", "checkpoint.every_steps=6"]
+TWO_NODES = ["cluster=slurm", "cluster.partition=debug", "cluster.nodes=2", "cluster.processes_per_node=1"]
+
+# [fsdp_workflow] rank 1 of 2 (node 1, local rank 0) host n2 pid 1234 master n1:20002
+RANK_LINE = re.compile(
+    r"^\[fsdp_workflow\] rank (?P<rank>\d+) of (?P<world>\d+) \(node (?P<node>\d+), local rank (?P<local>\d+)\) "
+    r"host (?P<host>\S+) pid (?P<pid>\d+) master (?P<master>\S+)$",
+    re.M,
+)
+# [fsdp_workflow] host n2 node_rank 1 of 2 master n1:20002   (train_node.sh, once per node)
+NODE_LINE = re.compile(r"^\[fsdp_workflow\] host (?P<host>\S+) node_rank (?P<node>\d+) of (?P<nnodes>\d+) "
+                       r"master (?P<master>\S+)$", re.M)
+
+
+def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout_s: float = 180) -> None:
+    """``python -m fsdp_workflow +experiment=smoke ...``; fails the test with the CLI's output."""
+    argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", f"run_dir={run_dir}", *overrides]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+def jobs(run_dir: Path) -> dict[str, int]:
+    """role -> job id, from RUN_DIR/jobs.txt."""
+    return {role: int(job_id) for role, job_id in
+            (line.split()[:2] for line in (run_dir / "jobs.txt").read_text().splitlines() if line.strip())}
+
+
+def train_logs(run_dir: Path, job_id: int) -> str:
+    """Every task log of the training job (submitit writes one per task: <id>_<task>_log.out)."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").rglob(f"{job_id}_*_log.*")))
+
+
+def all_logs(run_dir: Path) -> str:
+    parts = [f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((run_dir / "logs").rglob("*.out"))]
+    return "\n".join(parts)
+
+
+def rank_lines(text: str) -> dict[int, dict[str, str]]:
+    return {int(m["rank"]): m.groupdict() for m in RANK_LINE.finditer(text)}
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def expected_master(job_id: int) -> str:
+    """The rendezvous endpoint the plan promises: first host, 20000 + id % 10000 (schema defaults)."""
+    return f"n1:{20000 + job_id % 10000}"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@pytest.fixture(scope="module")
+def two_node_run(two_node_cluster, tmp_path_factory):
+    """The smoke run on n1 + n2 (1 rank each), through the CLI; waits for training and consolidation."""
+    run_dir = tmp_path_factory.mktemp("two node run") / "run"
+    t0 = time.monotonic()
+    run_cli(run_dir, *TWO_NODES, *SMALL, env=two_node_cluster.env)
+    ids = jobs(run_dir)
+    train = su.wait_for_job(ids["train"], timeout_s=150, env=two_node_cluster.env)
+    cons = su.wait_for_job(ids["consolidate"], timeout_s=90, env=two_node_cluster.env)
+    return {"run_dir": run_dir, "ids": ids, "train": train, "consolidate": cons,
+            "wall_s": time.monotonic() - t0}
+
+
+@pytest.fixture(scope="module")
+def single_node_run(tmp_path_factory):
+    """The same config and seed on one node with 2 processes (cluster=local: torchrun on this host)."""
+    run_dir = tmp_path_factory.mktemp("single node run") / "run"
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    run_cli(run_dir, "cluster=local", "cluster.nodes=1", "cluster.processes_per_node=2", *SMALL, env=env)
+    return run_dir
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_fsdp2_training_spans_both_nodes(two_node_run):
+    """Both jobs complete; rank 0 ran on n1 and rank 1 on n2, each with the right node rank,
+    world size and rendezvous endpoint; every checkpoint holds one shard per rank."""
+    run_dir, ids = two_node_run["run_dir"], two_node_run["ids"]
+    assert two_node_run["train"]["JobState"] == "COMPLETED", all_logs(run_dir)
+    assert two_node_run["consolidate"]["JobState"] == "COMPLETED", all_logs(run_dir)
+    assert su.hostnames(two_node_run["train"]["NodeList"]) == ["n1", "n2"]
+
+    text = train_logs(run_dir, ids["train"])
+    master = expected_master(ids["train"])
+    nodes = {m["host"]: m.groupdict() for m in NODE_LINE.finditer(text)}
+    assert set(nodes) == {"n1", "n2"}, text
+    assert [(h, nodes[h]["node"], nodes[h]["nnodes"], nodes[h]["master"]) for h in ("n1", "n2")] == [
+        ("n1", "0", "2", master), ("n2", "1", "2", master)], text
+
+    ranks = rank_lines(text)
+    placement = {r: (v["host"], v["node"], v["local"], v["world"], v["master"]) for r, v in ranks.items()}
+    assert placement == {0: ("n1", "0", "0", "2", master), 1: ("n2", "1", "0", "2", master)}, text
+
+    # FSDP2 across the nodes: each rank wrote its own shard of every checkpoint.
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert ckpts == ["step-12", "step-6"]
+    for name in ckpts:
+        files = sorted(p.name for p in (run_dir / "checkpoints" / name).iterdir())
+        assert [f for f in files if f.endswith(".distcp")] == ["__0_0.distcp", "__1_0.distcp"], files
+        assert ".metadata" in files
+        assert all((run_dir / "checkpoints" / name / f).stat().st_size > 0 for f in files)
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, 13))
+    assert json.loads((run_dir / "hf_model" / "verification.json").read_text()).get("ok") is True
+
+
+def test_two_node_model_equals_single_node_model(two_node_run, single_node_run):
+    """The consolidated model of the 2-node x 1 run is bit-identical to the 1-node x 2 run's.
+
+    Exact, not a tolerance: measured max |difference| 0.0 over all 21 fp32 tensors
+    (and identical per-step losses). Both runs have world size 2 with the same
+    rank -> data shard mapping and per-(seed, step, rank) reseeding, and FSDP2's
+    reduce-scatter / all-gather over gloo with two ranks sum two operands, which
+    is order-independent. Any difference therefore means the two launches did
+    not train the same thing (a wrong rank or world size, a lost shard).
+    """
+    from safetensors.torch import load_file
+
+    two = load_file(two_node_run["run_dir"] / "hf_model" / "model.safetensors")
+    one = load_file(single_node_run / "hf_model" / "model.safetensors")
+    assert sorted(two) == sorted(one)
+    diffs = {k: (two[k].float() - one[k].float()).abs().max().item() for k in two
+             if two[k].dtype != one[k].dtype or two[k].shape != one[k].shape or not two[k].equal(one[k])}
+    assert not diffs, f"tensors that differ (max abs diff): {diffs}"
+    losses = lambda d: [m["loss"] for m in metrics(d)]  # noqa: E731
+    assert losses(two_node_run["run_dir"]) == losses(single_node_run)
+
+
+def _netns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def _job_processes(job_id: int) -> list[int]:
+    """PIDs of processes (any node: one PID namespace) whose environment names this Slurm job."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if _environ(int(p.name)).get("SLURM_JOB_ID") == str(job_id):
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_killing_the_rank_on_n2_fails_the_job_promptly_and_cancels_consolidation(two_node_cluster, tmp_path):
+    """SIGKILL the rank on n2 mid-run: torchrun on n2 exits non-zero, ``srun --kill-on-bad-exit``
+    ends n1's task, the training job is FAILED within seconds (its time limit is 20 min),
+    and the afterok consolidation is CANCELLED (DependencyNeverSatisfied) without running."""
+    env = two_node_cluster.env
+    run_dir = tmp_path / "failing run"
+    # Long enough to be mid-run whenever the kill lands; rdzv timeout lowered so that
+    # even a rank left waiting in a collective would give up within a minute.
+    run_cli(run_dir, *TWO_NODES, "train.max_steps=20000", "checkpoint.every_steps=0",
+            "cluster.rdzv_timeout_s=45", env=env)
+    ids = jobs(run_dir)
+    train_id, cons_id = ids["train"], ids["consolidate"]
+
+    deadline = time.monotonic() + 120
+    victim = None
+    while time.monotonic() < deadline:
+        ranks = rank_lines(train_logs(run_dir, train_id))
+        if 1 in ranks and len(metrics(run_dir)) >= 10:
+            victim = int(ranks[1]["pid"])
+            break
+        assert su.job_state(train_id, env=env) in ("PENDING", "RUNNING"), all_logs(run_dir)
+        time.sleep(0.5)
+    assert victim is not None, f"rank 1 never reached step 10\n{all_logs(run_dir)}"
+
+    # Make sure the pid is rank 1 of this job, living in n2's network namespace.
+    assert ranks[1]["host"] == "n2"
+    assert _netns_inode(f"/proc/{victim}/ns/net") == _netns_inode("/var/run/netns/n2")
+    venv = _environ(victim)
+    assert (venv.get("RANK"), venv.get("SLURM_JOB_ID")) == ("1", str(train_id))
+    assert "fsdp_workflow.train" in Path(f"/proc/{victim}/cmdline").read_text()
+    steps_before = len(metrics(run_dir))
+
+    os.kill(victim, signal.SIGKILL)
+    t_kill = time.monotonic()
+    rec = su.wait_for_job(train_id, timeout_s=90, env=env)
+    ended_s = time.monotonic() - t_kill
+    assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
+    assert ended_s < 60, f"training job took {ended_s:.0f} s after the kill to end\n{all_logs(run_dir)}"
+    assert rec["TimeLimit"] == "00:20:00"
+    assert len(metrics(run_dir)) < 20000 and steps_before >= 10
+
+    cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
+    assert cons["Reason"] == "DependencyNeverSatisfied", cons
+    assert cons["StartTime"] in ("Unknown", "None") or cons["RunTime"] == "00:00:00", cons
+    assert not (run_dir / "hf_model").exists()
+    # Never ran: no task log, and accounting has no batch step for it.
+    assert not list((run_dir / "logs").rglob(f"{cons_id}_*_log.*")), all_logs(run_dir)
+    assert set(su.sacct_states(cons_id, env=env)) == {str(cons_id)}, su.sacct_states(cons_id, env=env)
+    # Nothing of the job is left on either node (n1's rank was killed by srun, not orphaned).
+    deadline = time.monotonic() + 20
+    while (left := _job_processes(train_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of job {train_id} still alive: {left}"
+    print(f"training job {train_id} FAILED {ended_s:.1f} s after the kill of pid {victim} on n2")
