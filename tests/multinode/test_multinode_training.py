@@ -163,6 +163,33 @@ def test_two_node_model_equals_single_node_model(two_node_run, single_node_run):
     assert losses(two_node_run["run_dir"]) == losses(single_node_run)
 
 
+def test_submit_sh_two_nodes_two_ranks_each(two_node_cluster, tmp_path):
+    """The plain-sbatch chain (dry run, then ``bash submit.sh``) with 2 nodes x 2 ranks: the
+    batch shell's rendezvous, and global ranks = node rank x 2 + local rank on the right hosts."""
+    env = two_node_cluster.env
+    run_dir = tmp_path / "submit sh run"
+    run_cli(run_dir, "cluster=slurm", "cluster.partition=debug", "cluster.nodes=2",
+            "cluster.processes_per_node=2", "train.max_steps=6", "checkpoint.every_steps=6",
+            "dry_run=true", env=env)
+    proc = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    ids = jobs(run_dir)
+    train = su.wait_for_job(ids["train"], timeout_s=150, env=env)
+    cons = su.wait_for_job(ids["consolidate"], timeout_s=90, env=env)
+    log = su.read_log(run_dir / "logs" / f"train-{ids['train']}.out")
+    assert (train["JobState"], cons["JobState"]) == ("COMPLETED", "COMPLETED"), all_logs(run_dir)
+
+    master = expected_master(ids["train"])
+    placement = {r: (v["host"], v["node"], v["local"], v["world"], v["master"]) for r, v in rank_lines(log).items()}
+    assert placement == {
+        0: ("n1", "0", "0", "4", master), 1: ("n1", "0", "1", "4", master),
+        2: ("n2", "1", "0", "4", master), 3: ("n2", "1", "1", "4", master),
+    }, log
+    files = sorted(p.name for p in (run_dir / "checkpoints" / "step-6").glob("*.distcp"))
+    assert files == [f"__{r}_0.distcp" for r in range(4)]
+    assert json.loads((run_dir / "hf_model" / "verification.json").read_text()).get("ok") is True
+
+
 def _netns_inode(path: str) -> int:
     return os.stat(path).st_ino
 
