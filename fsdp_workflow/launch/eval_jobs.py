@@ -14,6 +14,7 @@ to ``RUN_DIR/evals.jsonl`` (:mod:`fsdp_workflow.launch.evaluate`).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -39,6 +40,27 @@ def clean_slurm_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, st
             if k in _KEEP or not (k.startswith(_STRIP_PREFIXES) or k in _STRIP_NAMES)}
 
 
+def snapshot_dir(run_dir: Path, step: int) -> Path:
+    """Where :func:`snapshot_checkpoint` puts step N (``RUN_DIR/evals/pending/step-N``)."""
+    return run_dir / "evals" / "pending" / f"step-{step}"
+
+
+def snapshot_checkpoint(run_dir: Path, step: int) -> Path:
+    """Hard-link ``checkpoints/step-N`` for its evaluation job.
+
+    The trainer prunes old checkpoints (``checkpoint.keep_last``) while evaluations
+    wait their turn; links keep the files alive, cost no copy, and are removed by
+    the evaluation job.
+    """
+    src = run_dir / "checkpoints" / f"step-{step}"
+    dst = snapshot_dir(run_dir, step)
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst, copy_function=os.link)
+    return dst
+
+
 def submit_checkpoint_eval(run_dir: str | os.PathLike, step: int, wait: bool = False) -> Optional[int]:
     """Submit ``bash RUN_DIR/submit_eval.sh STEP`` from a cleaned environment.
 
@@ -54,6 +76,11 @@ def submit_checkpoint_eval(run_dir: str | os.PathLike, step: int, wait: bool = F
     """
     script = Path(run_dir) / SUBMIT_EVAL_SCRIPT
     if not script.is_file():
+        return None
+    try:
+        snapshot_checkpoint(Path(run_dir), step)
+    except OSError as err:
+        print(f"[fsdp_workflow] evaluation of step {step} skipped: cannot snapshot it: {err}", file=sys.stderr)
         return None
     proc = subprocess.Popen(["bash", str(script), str(int(step))], env=clean_slurm_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

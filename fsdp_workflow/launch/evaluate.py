@@ -69,7 +69,11 @@ def evaluate_step(run_dir: Path, step: int) -> Dict[str, Any]:
     cfg = load_run_config(run_dir)
     t0 = time.time()
     record: Dict[str, Any] = {"step": step, "job_id": os.environ.get("SLURM_JOB_ID")}
-    ckpt = run_dir / "checkpoints" / f"step-{step}"
+    from fsdp_workflow.launch.eval_jobs import snapshot_dir
+
+    ckpt = snapshot_dir(run_dir, step)  # hard links made at submission: immune to pruning
+    if not ckpt.is_dir():
+        ckpt = run_dir / "checkpoints" / f"step-{step}"
     if not ckpt.is_dir():
         record.update(status="skipped", reason=f"{ckpt} is gone (pruned by keep_last before this job ran)")
         return record
@@ -77,9 +81,10 @@ def evaluate_step(run_dir: Path, step: int) -> Dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)  # left by an earlier attempt of this job
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "fsdp_workflow.consolidate", str(run_dir / "checkpoints"), str(out),
-            "--step", str(step), "--max-shard-size", cfg.consolidate.max_shard_size, "--no-verify",
-            "--no-progress"]
+    argv = [sys.executable, "-m", "fsdp_workflow.consolidate", str(ckpt), str(out),
+            "--max-shard-size", cfg.consolidate.max_shard_size, "--no-verify", "--no-progress"]
+    if (run_dir / "hf_assets" / "config.json").is_file():
+        argv += ["--reference", str(run_dir / "hf_assets")]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         record.update(status="failed", reason=f"consolidation exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
@@ -88,6 +93,8 @@ def evaluate_step(run_dir: Path, step: int) -> Dict[str, Any]:
         result = perplexity(out, cfg)
     finally:
         shutil.rmtree(out, ignore_errors=True)  # one model per checkpoint would fill the disk
+        if ckpt.parent.name == "pending":
+            shutil.rmtree(ckpt, ignore_errors=True)
     if result is None:
         record.update(status="skipped", reason="no held-out data (data.eval_path / data.eval_fraction)")
     else:

@@ -211,6 +211,10 @@ class Checkpointer:
             _remove_dir(final)
         os.replace(tmp, final)
         _fsync_dir(self.dir)
+        # consolidate.every_checkpoint: a no-op unless the planner wrote submit_eval.sh
+        from fsdp_workflow.launch.eval_jobs import submit_checkpoint_eval
+
+        submit_checkpoint_eval(self.dir.parent, step)
         self._prune()
 
     def _prune(self) -> None:

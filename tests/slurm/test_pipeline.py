@@ -109,3 +109,21 @@ def test_signalled_training_checkpoints_requeues_resumes_and_consolidation_follo
     # The second run resumed from the signal's checkpoint, not from step 0.
     assert f"step-{saved} at step {saved}" in log, log[-3000:]
     assert json.loads((run_dir / "train_exit.json").read_text())["step"] == 150
+
+
+def test_every_checkpoint_submits_one_eval_job_per_checkpoint(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run evals"
+    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15")
+    assert proc.returncode == 0, proc.stderr
+    ids = ph.jobs(run_dir)
+    _assert_chain_completed(run_dir, ids)
+    evals = {role: job for role, job in ph.jobs(run_dir).items() if role.startswith("eval-step-")}
+    assert set(evals) == {"eval-step-15", "eval-step-30"}, ph.jobs(run_dir)
+    for job in evals.values():
+        rec = su.wait_for_job(job, timeout_s=180)
+        assert rec["JobState"] == "COMPLETED", (rec, ph.logs(run_dir))
+    records = sorted((json.loads(l) for l in (run_dir / "evals.jsonl").read_text().splitlines()),
+                     key=lambda r: r["step"])
+    assert [(r["step"], r["status"]) for r in records] == [(15, "ok"), (30, "ok")], records
+    assert all(1.0 < r["perplexity"] < 1e6 for r in records)
+    assert not any((run_dir / "evals" / "pending").iterdir())
