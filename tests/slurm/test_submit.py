@@ -1,0 +1,48 @@
+"""Submission failures on the real local Slurm: nothing is left half-submitted."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import pipeline_helpers as ph
+import slurm_utils as su
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+
+
+def _train_ids_named(name: str) -> list:
+    out = su._run(["squeue", "-h", "-n", name, "-o", "%i"]).stdout.split()
+    return [int(x) for x in out]
+
+
+def test_cli_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "refused"
+    proc = ph.run_cli(run_dir, "cluster.consolidate_partition=nosuchpartition", "name=refused1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "sbatch refused the consolidation job" in proc.stderr
+    assert "invalid partition" in proc.stderr.lower()
+    assert "was submitted; cancelled it" in proc.stderr
+    assert not (run_dir / "jobs.txt").exists()
+    train_id = int(proc.stderr.split("The training job ")[1].split()[0])
+    assert su.wait_for_job(train_id, timeout_s=60)["JobState"] == "CANCELLED"
+
+
+def test_cli_refused_training_names_the_problem(slurm_cluster, tmp_path):
+    proc = ph.run_cli(tmp_path / "r", "cluster.partition=nosuchpartition")
+    assert proc.returncode == 1
+    assert "sbatch refused the training job" in proc.stderr and "partition" in proc.stderr.lower()
+    assert "Traceback" not in proc.stderr
+
+
+def test_submit_sh_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "refused sh"
+    assert ph.run_cli(run_dir, "dry_run=true", "cluster.consolidate_partition=nosuchpartition",
+                      "name=refused2").returncode == 0
+    proc = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cancelling training job" in proc.stderr
+    assert not (run_dir / "jobs.txt").exists()
+    train_id = int(proc.stderr.split("cancelling training job ")[1].split()[0])
+    assert su.wait_for_job(train_id, timeout_s=60)["JobState"] == "CANCELLED"
