@@ -1,0 +1,14 @@
+#!/bin/bash
+# Reference copy (see slurm/README.md, docs/slurm.md): a dry run of +experiment=llama8b_fft writes this into RUN_DIR.
+# Written by fsdp_workflow; the run directory's config.yaml says what it runs.
+# Runs once per node (srun --ntasks-per-node=1). SLURM_NODEID is read here, in the
+# task, so every node gets its own rank; the batch shell would expand it to 0.
+set -euo pipefail
+RUN_DIR=/scratch/me/llama8b
+set -a; . "$RUN_DIR/launch.env"; set +a
+: "${MASTER_ADDR:?MASTER_ADDR is set by train.sbatch (first host of the allocation)}"
+: "${MASTER_PORT:?MASTER_PORT is set by train.sbatch (derived from the job id)}"
+echo "[fsdp_workflow] host $(hostname) node_rank ${SLURM_NODEID:-0} of 2 master $MASTER_ADDR:$MASTER_PORT" >&2
+# The launcher must outlive the preemption signal; the ranks install their own handler.
+trap '' USR2
+exec torchrun --nnodes=2 "--node_rank=${SLURM_NODEID:-0}" "--master_addr=${MASTER_ADDR}" "--master_port=${MASTER_PORT}" --rdzv_conf=timeout=600 --nproc_per_node=8 --max_restarts=0 -m fsdp_workflow.train /scratch/me/llama8b
