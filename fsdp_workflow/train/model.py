@@ -70,7 +70,8 @@ def build_model(model_cfg: ModelConfig, *, seed: int, meta: bool = False) -> nn.
     Args:
         model_cfg: the ``model`` group.
         seed: seeds random init, so every rank that builds the model builds the same one.
-        meta: build parameters on the meta device (no storage); weights come later.
+        meta: build parameters on the meta device (no storage; buffers stay real);
+            the weights come later from rank 0.
 
     Returns:
         The ``*ForCausalLM`` module in fp32 (FSDP keeps fp32 master weights; mixed
@@ -80,7 +81,11 @@ def build_model(model_cfg: ModelConfig, *, seed: int, meta: bool = False) -> nn.
 
     config = build_hf_config(model_cfg)
     if meta:
-        with torch.device("meta"):
+        from accelerate import init_empty_weights
+
+        # Parameters on meta; buffers (rotary tables) stay real, as Accelerate's FSDP2
+        # preparation expects of non-main ranks.
+        with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
     elif model_cfg.init == ModelInit.pretrained:
         model = AutoModelForCausalLM.from_pretrained(

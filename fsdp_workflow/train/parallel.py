@@ -244,8 +244,12 @@ def prepare(
         optimizer = build_optimizer(model)
         return Prepared(model, optimizer, strategy, native_fsdp2=True)
 
-    model = build_model(False)
     if strategy == "fsdp2":
+        # Accelerate broadcasts rank 0's weights into the sharded model when
+        # cpu_ram_efficient_loading is on: the other ranks need only a meta skeleton.
+        plugin = accelerator.state.fsdp_plugin
+        lazy = bool(getattr(plugin, "cpu_ram_efficient_loading", False)) and not accelerator.is_main_process
+        model = build_model(lazy)
         # Accelerate's FSDP2 with mixed precision casts parameters itself; adding
         # autocast around forward would only insert no-op casts. Install our forward
         # after prepare so it is not wrapped.
@@ -253,6 +257,7 @@ def prepare(
         model, optimizer = accelerator.prepare(model, optimizer)
         install_forward(model)
         return Prepared(model, optimizer, strategy, native_fsdp2=False)
+    model = build_model(False)
     install_forward(model)
     if strategy == "deepspeed":
         ds = accelerator.state.deepspeed_plugin

@@ -76,15 +76,41 @@ def test_resume_is_exact(straight_run: Path, tmp_path: Path) -> None:
     assert _tensors_equal(straight_run, run)
 
 
-def _tensors_equal(a: Path, b: Path) -> bool:
+def _load_model_tensors(run: Path, step: int = 20) -> dict[str, torch.Tensor]:
+    """The full ``model.*`` tensors of a checkpoint, gathered in this process."""
     import torch.distributed.checkpoint as dcp
 
-    def load(run: Path) -> dict:
-        md = FileSystemReader(str(run / "checkpoints" / "step-20")).read_metadata()
-        sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
-              if k.startswith("model.") and hasattr(v, "size")}
-        dcp.load(sd, storage_reader=FileSystemReader(str(run / "checkpoints" / "step-20")), no_dist=True)
-        return sd
+    path = str(run / "checkpoints" / f"step-{step}")
+    md = FileSystemReader(path).read_metadata()
+    sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+          if k.startswith("model.") and hasattr(v, "size")}
+    dcp.load(sd, storage_reader=FileSystemReader(path), no_dist=True)
+    return sd
 
-    x, y = load(a), load(b)
+
+def _tensors_equal(a: Path, b: Path) -> bool:
+    x, y = _load_model_tensors(a), _load_model_tensors(b)
     return len(x) > 20 and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_consolidated_model_matches_training_weights(straight_run: Path, tmp_path: Path) -> None:
+    """Round trip: trainer checkpoint -> consolidator -> from_pretrained gives the trained tensors and logits."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("fsdp_workflow.consolidate.api")
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf_model"
+    proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(straight_run), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    trained = _load_model_tensors(straight_run)
+    got = model.state_dict()
+    assert set(got) == {k.removeprefix("model.") for k in trained}
+    assert all(torch.equal(got[k.removeprefix("model.")], v) for k, v in trained.items())
+    ref = AutoModelForCausalLM.from_config(model.config)
+    ref.load_state_dict({k.removeprefix("model."): v for k, v in trained.items()})
+    ids = torch.arange(32).view(1, 32) % 260
+    assert torch.equal(model(ids).logits, ref(ids).logits)
