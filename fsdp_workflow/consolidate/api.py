@@ -163,7 +163,13 @@ def consolidate(
         if len(files) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": {t.name: files[t.file_index].name for t in tensors}}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        verification: dict[str, Any] = {"ok": True, "errors": [], "notes": list(arch_notes)}
+        verification: dict[str, Any] = {"ok": True, "errors": [], "notes": list(arch_notes), "layout": res.layout}
+        meta_pt = res.dcp_dirs[-1] / "meta.pt"
+        if meta_pt.is_file():
+            from .metadata import load_meta_pt
+
+            info = load_meta_pt(meta_pt)
+            verification["meta_pt"] = {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))}
         sizes: dict[str, int] = {}
         for t in tensors:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes

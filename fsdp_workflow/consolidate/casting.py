@@ -37,7 +37,8 @@ def from_f32(arr: np.ndarray, dtype: str) -> bytes:
         if nan.any():
             out[nan] = 0x7FC0
         return out.tobytes()
-    return arr.astype(_NP[dtype]).tobytes()
+    with np.errstate(over="ignore"):  # out-of-range values become inf, as in torch
+        return arr.astype(_NP[dtype]).tobytes()
 
 
 def cast_bytes(buf: bytes | memoryview, src: str, dst: str) -> bytes:
@@ -45,5 +46,6 @@ def cast_bytes(buf: bytes | memoryview, src: str, dst: str) -> bytes:
     if src == dst:
         return bytes(buf)
     if src in ("float64", "float16") and dst in ("float64", "float16", "float32") and "bfloat16" not in (src, dst):
-        return np.frombuffer(buf, dtype=_NP[src]).astype(_NP[dst]).tobytes()
+        with np.errstate(over="ignore"):
+            return np.frombuffer(buf, dtype=_NP[src]).astype(_NP[dst]).tobytes()
     return from_f32(to_f32(buf, src), dst)

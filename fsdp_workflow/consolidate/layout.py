@@ -87,9 +87,15 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
     err = _deepspeed_error(d)
     if err:
         raise err
+    if d.is_dir() and any(d.glob("*.distcp")):
+        raise ConsolidationError(
+            f"{d / '.metadata'}: missing DCP metadata file beside {len(list(d.glob('*.distcp')))} .distcp shard(s); "
+            "the save did not finish (DCP writes '.metadata' last). Use an earlier, complete checkpoint."
+        )
     candidates = [c.name for c in d.iterdir() if c.is_dir() and _is_dcp(c) and "optim" not in c.name] if d.is_dir() else []
     if len(candidates) == 1:
-        return d / candidates[0], "dcp-subdir", subtree
+        sub, kind, key = find_dcp_dir(d / candidates[0], subtree)
+        return sub, ("dcp-subdir" if kind == "dcp" else kind), key
     if candidates:
         raise ConsolidationError(f"{d}: several DCP checkpoints inside: {sorted(candidates)}; pass --subtree NAME to pick one")
     raise ConsolidationError(

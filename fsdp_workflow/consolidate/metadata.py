@@ -218,6 +218,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         self.lenient = lenient
 
     def find_class(self, module: str, name: str) -> Any:
+        if module == "__builtin__":  # protocol-2 spelling
+            module = "builtins"
         if (module, name) in _ALLOWED:
             return _ALLOWED[(module, name)]
         if module == "torch" and name in STORAGE_DTYPES:

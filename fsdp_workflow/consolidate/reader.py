@@ -142,11 +142,18 @@ class DcpCheckpoint:
         return int(digits) if digits else None
 
     def check_files(self, fqns: list[str]) -> None:
-        """Raise if a shard file needed by ``fqns`` is missing or shorter than its chunks."""
+        """Raise if a shard file is missing or shorter than the metadata says.
+
+        Every storage item is checked, not only those of ``fqns``: a shard cut short in its
+        optimizer part still means the save (or the copy) was interrupted.
+        """
         need: dict[Path, int] = {}
         for fqn in fqns:
             for c in self.tensors[fqn].chunks:
                 need[c.file] = max(need.get(c.file, 0), c.offset + c.length)
+        for info in (self.metadata.storage_data or {}).values():
+            f = self.path / info.relative_path
+            need[f] = max(need.get(f, 0), int(info.offset) + int(info.length))
         for f, end in sorted(need.items()):
             if not f.is_file():
                 raise ConsolidationError(f"{f}: shard file is missing (the metadata lists chunks in it); copy it back or use another checkpoint")

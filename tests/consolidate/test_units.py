@@ -1,0 +1,115 @@
+"""Fast unit tests: key hygiene, architecture names, sizes, casting, zip parsing, metadata safety."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from fsdp_workflow.consolidate.casting import cast_bytes
+from fsdp_workflow.consolidate.errors import ConsolidationError, UnsafeCheckpointError
+from fsdp_workflow.consolidate.keys import fix_architecture, map_keys
+from fsdp_workflow.consolidate.metadata import restricted_loads
+from fsdp_workflow.consolidate.reader import Chunk, chunk_runs
+from fsdp_workflow.consolidate.writer import parse_size
+from fsdp_workflow.consolidate.zipchunk import locate_chunk
+
+
+def test_project_keys_strip_dcp_root_and_skip_training_state():
+    keys = ["model.model.embed_tokens.weight", "model.lm_head.weight", "optimizer.state.model.x.exp_avg", "scheduler.last_epoch"]
+    assert map_keys(keys) == {"model.embed_tokens.weight": keys[0], "lm_head.weight": keys[1]}
+
+
+def test_wrapper_prefixes_removed_everywhere():
+    keys = ["model._orig_mod.module.model.layers.0._checkpoint_wrapped_module.mlp.weight",
+            "model._orig_mod.module._fsdp_wrapped_module.lm_head.weight"]
+    assert list(map_keys(keys)) == ["model.layers.0.mlp.weight", "lm_head.weight"]
+
+
+def test_tied_causal_lm_without_lm_head_keeps_model_prefix():
+    keys = ["model.model.embed_tokens.weight", "model.model.layers.0.w", "model.model.norm.weight"]
+    assert list(map_keys(keys)) == ["model.embed_tokens.weight", "model.layers.0.w", "model.norm.weight"]
+    plain = ["model.embed_tokens.weight", "model.layers.0.w"]
+    assert list(map_keys(plain)) == plain
+
+
+def test_subtree_and_collisions():
+    keys = ["ema.model.layers.0.w", "ema.lm_head.weight", "model.model.layers.0.w"]
+    assert map_keys(keys, subtree="ema") == {"model.layers.0.w": keys[0], "lm_head.weight": keys[1]}
+    with pytest.raises(ConsolidationError, match="no tensor keys under it.*'ema', 'model'"):
+        map_keys(keys, subtree="nope")
+    with pytest.raises(ConsolidationError, match="both map to 'a.w'"):
+        map_keys(["a._orig_mod.w", "a.w"])
+
+
+@pytest.mark.parametrize("name,want", [("FSDPPhiForCausalLM", "PhiForCausalLM"), ("PhiForCausalLM", "PhiForCausalLM"),
+                                       ("FSDPLlamaForCausalLM", "LlamaForCausalLM"), ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM")])
+def test_architecture_prefix_is_removed_not_lstripped(name, want):
+    assert fix_architecture(name) == want
+
+
+def test_parse_size():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 << 30 and parse_size("100KB") == 100_000
+    assert parse_size(123) == 123
+
+
+@pytest.mark.parametrize("shape,offsets,sizes", [((6, 4), (2, 0), (3, 4)), ((4, 6), (0, 3), (4, 3)),
+                                                   ((2, 3, 4), (1, 1, 0), (1, 2, 4)), ((5,), (3,), (2,)), ((), (), ())])
+def test_chunk_runs_place_every_element(shape, offsets, sizes):
+    full = torch.arange(int(np.prod(shape)) if shape else 1).reshape(shape)
+    chunk = full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].contiguous().reshape(-1)
+    flat = full.reshape(-1)
+    for src, dst, n in chunk_runs(shape, Chunk(offsets, sizes, None, 0, 0)):
+        assert torch.equal(chunk[src : src + n], flat[dst : dst + n])
+
+
+@pytest.mark.parametrize("dst", [torch.bfloat16, torch.float16, torch.float64])
+def test_cast_matches_torch(dst):
+    x = torch.cat([torch.randn(100_000) * 10 ** torch.linspace(-40, 37, 100_000), torch.tensor([0.0, -0.0, float("inf"), 65520.0, 1e-40])])
+    got = cast_bytes(x.numpy().tobytes(), "float32", str(dst).split(".")[-1])
+    want = x.to(dst).view(torch.int16 if dst.itemsize == 2 else torch.int64).numpy().tobytes()
+    assert got == want
+    back = cast_bytes(got, str(dst).split(".")[-1], "float32")
+    assert back == x.to(dst).float().numpy().tobytes()
+
+
+@pytest.mark.parametrize("t", [torch.arange(12.0).reshape(3, 4), torch.arange(12).reshape(3, 4).t(),
+                               torch.arange(20, dtype=torch.bfloat16)[5:9], torch.tensor(3.5)])
+def test_locate_chunk_in_torch_save_archive(tmp_path, t):
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.write(b"x" * 13)  # chunks start anywhere in a .distcp file
+        torch.save(t, f)
+        end = f.tell()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        cd = locate_chunk(fd, 13, end - 13, "f")
+        assert cd.shape == tuple(t.shape) and cd.dtype == str(t.dtype).split(".")[-1]
+        if t.is_contiguous():
+            assert cd.contiguous
+            assert os.pread(fd, cd.nbytes, cd.data_offset) == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        else:
+            assert not cd.contiguous
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("payload", ["os.system", "subprocess.Popen", "builtins.eval", "torch.load", "numpy.load"])
+def test_restricted_unpickler_refuses_any_other_global(payload):
+    mod, name = payload.rsplit(".", 1)
+    data = ("c" + mod + "\n" + name + "\n").encode() + b"(S'true'\ntR."
+    with pytest.raises(UnsafeCheckpointError, match=f"refusing to unpickle global '{mod}.{name}'"):
+        restricted_loads(data, "test")
+
+
+def test_restricted_unpickler_reads_real_metadata_objects():
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorProperties, TensorStorageMetadata
+
+    md = Metadata({"w": TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([4, 2]),
+                                              [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 2]))])})
+    got = restricted_loads(pickle.dumps(md), "m")
+    t = got.state_dict_metadata["w"]
+    assert t.properties.dtype.name == "bfloat16" and t.size == (4, 2) and t.chunks[0].sizes == (4, 2)
