@@ -244,7 +244,8 @@ class ClusterConfig:
     constraint: Optional[str] = None
     exclusive: bool = False
     additional_parameters: Dict[str, str] = field(default_factory=dict)  # more #SBATCH key=value
-    setup: List[str] = field(default_factory=list)  # lines run before the launcher (module load ...)
+    modules: List[str] = field(default_factory=list)  # environment modules loaded in every job (`module load X`)
+    env_script: Optional[str] = None  # a site script sourced in every job before the step (e.g. a venv's activate)
     signal_delay_s: int = 300  # SIGUSR2 this long before the time limit: checkpoint and requeue
     max_requeues: int = 3  # bounded retries after preemption/timeout
     master_port_base: int = 20000  # rendezvous port = base + job_id % port_range (below the ephemeral range)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.launch.slurm_task import CommandTask, TrainNodeTask
-from fsdp_workflow.plan.render import pre_step_lines, requeue_lines
+from fsdp_workflow.plan.render import pre_step_lines, site_env_lines, requeue_lines
 from fsdp_workflow.plan.spec import JOBS_FILE, LOG_DIR, LaunchPlan, SbatchJob
 
 SUBMITIT_DIR = "submitit"  # under the log dir: submitit's pickles and per-task logs
@@ -136,7 +136,7 @@ def submit_chain(plan: LaunchPlan) -> Tuple[Any, Optional[Any]]:
     try:
         params = executor_parameters(plan.consolidate)
         params["additional_parameters"]["kill-on-invalid-dep"] = "yes"
-        cons_ex = _executor(folder, params, dependency=f"afterok:{train_job.job_id}",
+        cons_ex = _executor(folder, params, dependency=f"afterok:{train_job.job_id}", setup=site_env_lines(plan),
                             srun_args=_srun_args(plan.consolidate.step_argv, len(plan.consolidate_argv)))
         cons_job = _submit(cons_ex, CommandTask(list(plan.consolidate_argv)), "consolidation")
     except SubmissionError as err:

@@ -94,9 +94,18 @@ def rendezvous_lines(plan: LaunchPlan) -> List[str]:
     ]
 
 
+def site_env_lines(plan: LaunchPlan) -> List[str]:
+    """``cluster.modules`` and ``cluster.env_script``, quoted: each value is one word."""
+    lines = [f"module load {shlex.quote(m)}" for m in plan.modules]
+    if plan.env_script:
+        lines.append(f". {shlex.quote(plan.env_script)}")
+    return lines
+
+
 def pre_step_lines(plan: LaunchPlan) -> List[str]:
-    """Before the training step: forget a marker left by an earlier run of this job."""
+    """Before the training step: the site environment; forget a marker left by an earlier run."""
     return [
+        *site_env_lines(plan),
         *_run_dir_lines(plan),
         f"MAX_REQUEUES={plan.max_requeues}",
         f'rm -f "$RUN_DIR/{REQUEUE_MARKER}"',
@@ -147,6 +156,7 @@ def render_consolidate_sbatch(plan: LaunchPlan) -> str:
         HEADER,
         "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).",
         "set -euo pipefail",
+        *site_env_lines(plan),
         "exec " + shell_join(plan.consolidate.step_argv),
         "",
     ]
@@ -215,6 +225,7 @@ def render_eval_sbatch(plan: LaunchPlan) -> str:
         "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
         "set -euo pipefail",
         'STEP=${1:?usage: sbatch eval.sbatch STEP}',
+        *site_env_lines(plan),
         "exec " + shell_join(plan.eval_job.step_argv),
         "",
     ]

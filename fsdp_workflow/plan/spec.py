@@ -72,6 +72,8 @@ class LaunchPlan:
     nnodes: int
     nccl_env: Dict[str, str]
     eval_job: Optional[SbatchJob] = None  # per-checkpoint evaluation (consolidate.every_checkpoint)
+    modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
+    env_script: Optional[str] = None  # sourced in every job, before the step
 
 
 def world_size(cfg: WorkflowConfig) -> int:
@@ -249,6 +251,8 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         nnodes=c.nodes,
         nccl_env=dict(sorted(c.nccl_env.items())),
         eval_job=eval_job,
+        modules=list(c.modules),
+        env_script=c.env_script,
     )
 
 

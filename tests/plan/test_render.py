@@ -106,3 +106,14 @@ def test_hostile_run_dir_reaches_the_launcher_as_one_argument(weird_dir: Path, t
 
 def test_shell_join_quotes_config_values() -> None:
     assert shell_join(["echo", "a;b", "$(id)"]) == "echo 'a;b' '$(id)'"
+
+
+def test_site_modules_and_env_script_are_quoted_in_every_job() -> None:
+    cfg = _cfg("smoke", "/runs/x", "cluster.modules=[cuda/12.4,'nccl;id']",
+               "cluster.env_script='/opt/my env/activate'", "consolidate.every_checkpoint=true")
+    scripts = render_all(build_plan(cfg))
+    for name in ("train.sbatch", "consolidate.sbatch", "eval.sbatch"):
+        text = scripts[name]
+        assert "module load cuda/12.4\nmodule load 'nccl;id'\n. '/opt/my env/activate'\n" in text, name
+        # the site environment comes before the step runs
+        assert text.index("module load cuda/12.4") < text.index("\nexec " if name != "train.sbatch" else "\nsrun ")
