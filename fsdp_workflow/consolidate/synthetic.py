@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import pickle
 from pathlib import Path
@@ -46,7 +47,7 @@ def write_dcp(
     tp: int = 1,
     tp_dim: int = 1,
     replicas: int = 1,
-    bytes_items: dict[str, bytes] | None = None,
+    bytes_items: dict[str, object] | None = None,
 ) -> None:
     """Write a DCP checkpoint.
 
@@ -57,7 +58,7 @@ def write_dcp(
         dp: Ranks splitting dimension 0.
         tp: Ranks splitting ``tp_dim`` (for tensors with that many dimensions).
         replicas: How many times each chunk is listed in the metadata.
-        bytes_items: Non-tensor entries (key -> raw bytes), stored like DCP's BYTE_IO items.
+        bytes_items: Non-tensor entries (key -> object), ``torch.save``d like DCP's BYTE_IO items.
     """
     path.mkdir(parents=True, exist_ok=True)
     world = dp * tp
@@ -85,7 +86,10 @@ def write_dcp(
                     storage[idx] = _StorageInfo(f"__{(rank - 1) % world}_0.distcp", start, f.tell() - start)
                     chunks += [ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))] * replicas
             sd_meta[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(shape), chunks)
-        for key, raw in (bytes_items or {}).items():
+        for key, obj in (bytes_items or {}).items():
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            raw = buf.getvalue()
             f = files[0]
             start = f.tell()
             f.write(raw)
@@ -131,7 +135,7 @@ def write_llama_run(run_dir: Path, gb: float, ranks: int, dtype: torch.dtype = t
     layers = max(1, round((gb * 1e9 / dtype.itemsize - fixed) / per_layer))
     ckpt = run_dir / "checkpoints" / "step-1"
     specs = [("model." + n, s, dtype) for n, s in llama_shapes(layers)]
-    write_dcp(ckpt, specs, random_chunk, dp=ranks, bytes_items={"trainer": pickle.dumps({"step": 1})})
+    write_dcp(ckpt, specs, random_chunk, dp=ranks)
     (run_dir / "hf_assets").mkdir(parents=True, exist_ok=True)
     (run_dir / "hf_assets" / "config.json").write_text(json.dumps(llama_config(layers, dtype=str(dtype).split(".")[-1]), indent=2))
     return ckpt

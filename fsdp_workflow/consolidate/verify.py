@@ -7,6 +7,10 @@ the copy itself needs neither.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +65,43 @@ def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
     return res
 
 
+def _cache_path(reference: Path, archs: list[str]) -> Path | None:
+    """Cache file for this config + transformers/torch versions, or None when disabled."""
+    if os.environ.get("FSDP_WORKFLOW_NO_CACHE"):
+        return None
+    try:
+        versions = f"{importlib.metadata.version('transformers')}|{importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    key = hashlib.sha256((reference / "config.json").read_bytes() + json.dumps(archs).encode() + versions.encode()).hexdigest()
+    root = Path(os.environ.get("FSDP_WORKFLOW_CACHE") or Path.home() / ".cache" / "fsdp_workflow")
+    return root / "arch" / f"{key[:32]}.json"
+
+
+def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
+    """:func:`_expected_from_config`, remembered per (config.json, transformers, torch).
+
+    Instantiating the architecture costs seconds of imports; every checkpoint of a run
+    shares one config, so later consolidations of the same run reuse the answer.
+    """
+    path = _cache_path(reference, archs)
+    if path is not None and path.is_file():
+        try:
+            d = json.loads(path.read_text())
+            return ArchResult(d["architecture"], {k: tuple(v) for k, v in d["expected"].items()}, set(d["optional"]),
+                              None, d["notes"] + ["expected keys taken from the architecture cache"])
+        except (ValueError, KeyError):
+            pass
+    res = _expected_from_config(reference, archs)
+    if path is not None and res.error is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"architecture": res.architecture, "expected": res.expected,
+                                   "optional": sorted(res.optional), "notes": res.notes}))
+        os.replace(tmp, path)
+    return res
+
+
 class ArchitectureCheck(threading.Thread):
     """Compute expected keys/shapes in the background; ``result()`` joins."""
 
@@ -72,7 +113,7 @@ class ArchitectureCheck(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._result = _expected_from_config(self.reference, self.archs)
+            self._result = cached_expected(self.reference, self.archs)
         except Exception as exc:  # noqa: BLE001 - reported in verification.json
             self._result = ArchResult(error=f"cannot instantiate the architecture from {self.reference / 'config.json'}: {type(exc).__name__}: {exc}")
 

@@ -19,6 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _arch_cache(tmp_path_factory, monkeypatch):
+    """Keep the architecture cache inside the test session, never in ~/.cache."""
+    monkeypatch.setenv("FSDP_WORKFLOW_CACHE", str(tmp_path_factory.getbasetemp() / "arch-cache"))
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
     """Train tiny Llama, Qwen2 (tied) and Mistral (bf16) in ONE torchrun and save the project layout."""

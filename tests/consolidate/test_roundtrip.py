@@ -66,3 +66,16 @@ def test_step_dir_and_sharded_output(trained, tmp_path):
     assert set(index["weight_map"]) == set(expected(run, 4))
     assert_same_tensors(load_out(out), expected(run, 4))
     logits_equal(out, expected(run, 4), run / "hf_assets")
+
+
+def test_architecture_cache_gives_the_same_verification(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDP_WORKFLOW_CACHE", str(tmp_path / "cache"))
+    run = trained / "llama"
+    first = consolidate(run, tmp_path / "a", progress=False).verification
+    second = consolidate(run, tmp_path / "b", progress=False).verification
+    assert "expected keys taken from the architecture cache" not in first["architecture"]["notes"]
+    assert "expected keys taken from the architecture cache" in second["architecture"]["notes"]
+    assert first["keys"] == second["keys"] and first["tensors"] == second["tensors"]
+    monkeypatch.setenv("FSDP_WORKFLOW_NO_CACHE", "1")
+    third = consolidate(run, tmp_path / "c", progress=False).verification
+    assert "expected keys taken from the architecture cache" not in third["architecture"]["notes"]
