@@ -73,6 +73,7 @@ def render_train_node(plan: LaunchPlan) -> str:
         f'{plan.nnodes} master $MASTER_ADDR:$MASTER_PORT" >&2',
         "# The launcher must outlive the preemption signal; the ranks install their own handler.",
         "trap '' USR2",
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(plan.shutdown_timeout_s)}",
         "exec " + shell_join(plan.node_script_argv),
         "",
     ]

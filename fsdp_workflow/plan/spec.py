@@ -72,6 +72,7 @@ class LaunchPlan:
     nnodes: int
     nccl_env: Dict[str, str]
     eval_job: Optional[SbatchJob] = None  # per-checkpoint evaluation (consolidate.every_checkpoint)
+    shutdown_timeout_s: int = 30  # torchrun's wait for ranks after SIGTERM before SIGKILL
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step
 
@@ -251,6 +252,9 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         nnodes=c.nodes,
         nccl_env=dict(sorted(c.nccl_env.items())),
         eval_job=eval_job,
+        # On SIGTERM (preemption) torchrun forwards it and SIGKILLs the ranks after this
+        # long: give them the checkpoint budget the user declared, not torchrun's 30 s.
+        shutdown_timeout_s=max(c.signal_delay_s, 30),
         modules=list(c.modules),
         env_script=c.env_script,
     )

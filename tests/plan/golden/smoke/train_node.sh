@@ -10,4 +10,5 @@ set -a; . "$RUN_DIR/launch.env"; set +a
 echo "[fsdp_workflow] host $(hostname) node_rank ${SLURM_NODEID:-0} of 1 master $MASTER_ADDR:$MASTER_PORT" >&2
 # The launcher must outlive the preemption signal; the ranks install their own handler.
 trap '' USR2
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=30
 exec torchrun --nnodes=1 "--node_rank=${SLURM_NODEID:-0}" "--master_addr=${MASTER_ADDR}" "--master_port=${MASTER_PORT}" --rdzv_conf=timeout=600 --nproc_per_node=2 --max_restarts=0 -m fsdp_workflow.train /runs/smoke
