@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from fsdp_workflow.exit_codes import REQUEUE_MARKER  # noqa: F401 - re-exported for the renderer
 from fsdp_workflow.config.schema import (
     ClusterKind,
     Device,
@@ -33,7 +34,6 @@ EVAL_SBATCH = "eval.sbatch"  # consolidate + evaluate one checkpoint (consolidat
 SUBMIT_EVAL_SCRIPT = "submit_eval.sh"  # bash submit_eval.sh STEP: what rank 0 runs per checkpoint
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint, with its step
 JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
-REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal
 LOG_DIR = "logs"
 
 class Expand(str):

@@ -252,7 +252,7 @@ def main(run_dir_arg: str) -> int:
         if exit_code == EXIT_REQUEUE:
             # The job script requeues only when this marker exists (written before the
             # barrier below, so no rank exits, and no srun --kill-on-bad-exit fires, first).
-            from fsdp_workflow.plan.spec import REQUEUE_MARKER
+            from fsdp_workflow.exit_codes import REQUEUE_MARKER
 
             (run_dir / REQUEUE_MARKER).write_text(f"step {step}\n")
         print(f"training {reason} at step {step}; exit code {exit_code}", file=sys.stderr, flush=True)
