@@ -119,5 +119,13 @@ def test_submitit_two_task_gloo(tmp_path):
     results = job.results()
     assert sorted(results) == [(0, 2, 3.0), (1, 2, 3.0)]
     assert su.wait_for_job(job.job_id, timeout_s=30)["JobState"] == "COMPLETED"
-    # submitit polls sacct; with the slurmdbd accounting it reports the state.
-    assert job.get_info(mode="force").get("State") == "COMPLETED"
+    # submitit polls sacct; with the slurmdbd accounting it reports the state. slurmdbd
+    # records the end asynchronously, a moment after scontrol shows it: poll briefly.
+    import time
+
+    deadline = time.monotonic() + 30
+    state = job.get_info(mode="force").get("State")
+    while state != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(1)
+        state = job.get_info(mode="force").get("State")
+    assert state == "COMPLETED"
