@@ -88,7 +88,12 @@ class Prepared:
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
         """The underlying ``torch.optim.Optimizer`` (for state dicts and lr)."""
-        return getattr(self.optimizer, "optimizer", self.optimizer)
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)
+        # DeepSpeed's ZeRO optimizers are no torch Optimizer (LambdaLR refuses them);
+        # they wrap the client's optimizer one level further, and step its param_groups.
+        while not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):
+            opt = opt.optimizer
+        return opt
 
 
 def uses_accelerate_fsdp(accelerator: Any) -> bool:
