@@ -33,9 +33,11 @@ def image_args() -> List[str]:
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
+    # The private /tmp first: binds below it (a venv or checkout under /tmp) must stay visible.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for d in sorted({sys.base_prefix, sys.prefix, PROJECT}):
         args += ["--ro-bind", d, d]
-    return args + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    return args
 
 
 def fatal(message: str) -> None:
