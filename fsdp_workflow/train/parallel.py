@@ -55,18 +55,19 @@ def check_strategy_available(strategy: str, device_type: str) -> None:
     Raises:
         StrategyError: DeepSpeed not installed, or FSDP1 without an accelerator.
     """
+    # The device first: on CPU the answer must not depend on what happens to be installed.
+    if strategy == "deepspeed" and device_type == "cpu":
+        raise StrategyError(
+            "strategy=deepspeed_zero* needs CUDA GPUs: DeepSpeed's CPU accelerator needs Intel's oneCCL "
+            "bindings, which this project does not support. Use strategy=fsdp2 (sharded like ZeRO-3) or "
+            "strategy=ddp on CPU."
+        )
     if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise StrategyError(
             "launch.env sets ACCELERATE_USE_DEEPSPEED=true (strategy=deepspeed_zero*), but the "
             "`deepspeed` package is not installed in this environment. Install it "
             "(`pip install 'fsdp_workflow[deepspeed]'`, on a machine with CUDA) or choose "
             "strategy=fsdp2 or strategy=ddp."
-        )
-    if strategy == "deepspeed" and device_type == "cpu":
-        raise StrategyError(
-            "strategy=deepspeed_zero* needs CUDA GPUs: DeepSpeed's CPU accelerator needs Intel's oneCCL "
-            "bindings, which this project does not support. Use strategy=fsdp2 (sharded like ZeRO-3) or "
-            "strategy=ddp on CPU."
         )
     if strategy == "fsdp1" and device_type == "cpu":
         raise StrategyError(
