@@ -112,7 +112,7 @@ def consolidate(
                   reference=Path(reference) if reference else None)
     if res.reference is not None and not (res.reference / "config.json").is_file():
         raise ConsolidationError(f"--reference {res.reference}: no config.json there; point at a Hugging Face model directory")
-    ckpts = [DcpCheckpoint(d) for d in res.dcp_dirs]
+    ckpts = _open_checkpoints(res, out)
     config = read_config(res.reference) if res.reference else None
     archs, arch_notes = fixed_architectures(config) if config else ([], [])
     causal = (not archs) or any(a.endswith("ForCausalLM") for a in archs)
@@ -164,6 +164,8 @@ def consolidate(
             index = {"metadata": {"total_size": total}, "weight_map": {t.name: files[t.file_index].name for t in tensors}}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         verification: dict[str, Any] = {"ok": True, "errors": [], "notes": list(arch_notes), "layout": res.layout}
+        if res.layout == "deepspeed":
+            verification["deepspeed"] = [c.describe() for c in ckpts]  # type: ignore[attr-defined]
         meta_pt = res.dcp_dirs[-1] / "meta.pt"
         if meta_pt.is_file():
             from .metadata import load_meta_pt
@@ -206,11 +208,26 @@ def consolidate(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        for c in ckpts:
+            getattr(c, "close", lambda: None)()  # DeepSpeed staging files
     if remove_sharded:
         for d in res.dcp_dirs:
             shutil.rmtree(d)
     return ConsolidationResult(out, len(tensors), total, [f.name for f in files], res.layout, res.dcp_dirs,
                                verification, time.time() - t0)
+
+
+def _open_checkpoints(res: Any, out: Path) -> list[Any]:
+    """One reader per source: DCP directories, or DeepSpeed tag directories (rebuilt from ZeRO partitions)."""
+    if res.layout == "mixed":
+        raise ConsolidationError(f"{res.dcp_dirs}: the chosen steps mix checkpoint formats (DCP and DeepSpeed); pick steps of one format")
+    if res.layout != "deepspeed":
+        return [DcpCheckpoint(d) for d in res.dcp_dirs]
+    from .deepspeed import DeepSpeedCheckpoint
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return [DeepSpeedCheckpoint(d, out.parent) for d in res.dcp_dirs]
 
 
 def _fill_verification(v: dict[str, Any], reports: dict, tensors: list[OutTensor], arch_check: ArchitectureCheck | None,

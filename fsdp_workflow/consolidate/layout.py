@@ -7,7 +7,9 @@ Layouts recognised, from a path given at any level:
 * Accelerate ``save_state``: ``pytorch_model_fsdp_0/`` (EMA: ``pytorch_ema_model_fsdp_0/``);
 * HF Trainer: ``OUTPUT/checkpoint-N/pytorch_model_fsdp_0/`` with ``config.json`` beside it;
 * torchtitan: ``step-N/`` with model keys at top level beside ``optimizer.*``;
-* NeMo 2 / Lightning: ``weights/`` holding the DCP files, or ``meta.pt`` beside them.
+* NeMo 2 / Lightning: ``weights/`` holding the DCP files, or ``meta.pt`` beside them;
+* DeepSpeed ``save_checkpoint``: ``latest`` + ``global_stepN/*_model_states.pt`` (layout
+  ``deepspeed``; the "DCP dir" is then the tag directory, read by :mod:`.deepspeed`).
 
 Unfinished saves (``step-N.tmp*``) never match the step pattern and are ignored.
 """
@@ -18,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .deepspeed import find_deepspeed_dir
 from .errors import ConsolidationError
 
 STEP_RE = re.compile(r"(?:step|checkpoint|global_step|iter|epoch=\d+-step)[-_=]?(\d+)")
@@ -56,16 +59,6 @@ def _subdirs(d: Path) -> list[str]:
     return sorted(c.name for c in d.iterdir() if c.is_dir()) if d.is_dir() else []
 
 
-def _deepspeed_error(d: Path) -> ConsolidationError | None:
-    if (d / "latest").is_file() or list(d.glob("*_model_states.pt")) or list(d.glob("global_step*/*_model_states.pt")):
-        return ConsolidationError(
-            f"{d}: this is a DeepSpeed checkpoint (a 'latest' file / *_model_states.pt), not a DCP one. "
-            "Convert it with DeepSpeed's own 'zero_to_fp32.py' script (it sits in the checkpoint directory) "
-            "or deepspeed.utils.zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict, then load it with transformers."
-        )
-    return None
-
-
 def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
     """Return (DCP dir, layout name, key subtree) for one checkpoint directory ``d``."""
     if subtree and (d / subtree).is_dir() and _is_dcp(d / subtree):
@@ -84,9 +77,9 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
         return models[0], layout, subtree
     if _is_dcp(d / "weights"):
         return d / "weights", "nemo2", subtree
-    err = _deepspeed_error(d)
-    if err:
-        raise err
+    ds = find_deepspeed_dir(d)
+    if ds is not None:
+        return ds, "deepspeed", subtree
     if d.is_dir() and any(d.glob("*.distcp")):
         raise ConsolidationError(
             f"{d / '.metadata'}: missing DCP metadata file beside {len(list(d.glob('*.distcp')))} .distcp shard(s); "
@@ -173,6 +166,8 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
         d, kind, key = find_dcp_dir(found[s], subtree)
         dirs.append(d)
         kinds.add(kind)
+    if "deepspeed" in kinds:
+        layout = "deepspeed" if len(kinds) == 1 else "mixed"
     if layout is None:
         layout = kinds.pop() if len(kinds) == 1 else "mixed"
         if layout == "dcp" and container.name == "checkpoints":

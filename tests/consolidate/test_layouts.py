@@ -119,12 +119,13 @@ def test_empty_dir_says_what_exists(tmp_path):
         consolidate(tmp_path / "src", tmp_path / "out", progress=False)
 
 
-def test_deepspeed_checkpoint_is_explained(tmp_path):
+def test_deepspeed_checkpoint_with_corrupt_files_is_explained(tmp_path):
+    """DeepSpeed checkpoints are read (test_deepspeed.py); a 1-byte rank file is named as corrupt."""
     ds = tmp_path / "ds"
     (ds / "global_step10").mkdir(parents=True)
     (ds / "latest").write_text("global_step10")
     (ds / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(b"x")
     (ds / "global_step10" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x")
-    with pytest.raises(ConsolidationError, match="DeepSpeed checkpoint.*zero_to_fp32"):
+    with pytest.raises(ConsolidationError, match=r"mp_rank_00_model_states\.pt: cannot be read.*truncated or corrupt"):
         consolidate(ds, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
