@@ -31,23 +31,31 @@ def test_text_and_jsonl_sources(tmp_path: Path) -> None:
 
 
 def test_parquet_and_hf_disk_sources(tmp_path: Path) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        with pytest.raises(DataError, match="pip install pyarrow"):
-            read_documents(DataSource.parquet, str(tmp_path / "x.parquet"), "text")
-    else:
-        pq.write_table(pa.table({"text": ["a b", "c"]}), tmp_path / "x.parquet")
-        assert read_documents(DataSource.parquet, str(tmp_path / "x.parquet"), "text") == ["a b", "c"]
-    try:
-        import datasets
-    except ImportError:
-        with pytest.raises(DataError, match="pip install datasets"):
-            read_documents(DataSource.hf_disk, str(tmp_path), "text")
-    else:
-        datasets.Dataset.from_dict({"text": ["u", "v"]}).save_to_disk(str(tmp_path / "hf"))
-        assert read_documents(DataSource.hf_disk, str(tmp_path / "hf"), "text") == ["u", "v"]
+    import datasets  # the `data` extra, part of `dev`: these readers run for real in the suite
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a b", "c"], "n": [1, 2]}), tmp_path / "x.parquet")
+    assert read_documents(DataSource.parquet, str(tmp_path / "x.parquet"), "text") == ["a b", "c"]
+    with pytest.raises(DataError, match="data.text_field"):
+        read_documents(DataSource.parquet, str(tmp_path / "x.parquet"), "body")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["u", "v"]}),
+                          "test": datasets.Dataset.from_dict({"text": ["w"]})}).save_to_disk(str(tmp_path / "hf"))
+    assert read_documents(DataSource.hf_disk, str(tmp_path / "hf"), "text") == ["u", "v"]
+    with pytest.raises(DataError, match="save_to_disk"):
+        read_documents(DataSource.hf_disk, str(tmp_path / "missing"), "text")
+
+
+@pytest.mark.parametrize("source,module,hint", [(DataSource.parquet, "pyarrow", "pip install pyarrow"),
+                                                (DataSource.hf_disk, "datasets", "pip install datasets")])
+def test_missing_reader_package_names_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  source, module, hint) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    monkeypatch.setitem(sys.modules, module + ".parquet", None)
+    with pytest.raises(DataError, match=hint):
+        read_documents(source, str(tmp_path / "x.parquet"), "text")
 
 
 def test_held_out_split_is_stable() -> None:
