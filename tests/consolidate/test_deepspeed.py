@@ -134,3 +134,37 @@ def test_latest_naming_a_missing_tag(tmp_path):
     (run / "checkpoints/step-4/latest").write_text("../../etc")
     with pytest.raises(ConsolidationError, match="not a DeepSpeed tag"):
         api.consolidate(run / "checkpoints", tmp_path / "out", progress=False)
+
+
+def test_zero3_two_rank_partitioning(tmp_path):
+    """The world-1 ZeRO-3 fixture re-split as DeepSpeed lays out 2 ranks (ceil(n/2) per rank, padded).
+
+    Not DeepSpeed-written (no multi-GPU fixture yet): checks the cross-rank walk and padding.
+    """
+    from fsdp_workflow.consolidate.deepspeed import load_safely
+
+    run = _copy("deepspeed_zero3/tiny_qwen2", tmp_path)
+    tag = run / TAG
+    model = dict(load_safely(tag / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    optim = tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    flat = torch.cat(list(load_safely(optim)["optimizer_state_dict"]["fp32_flat_groups"]))
+    ranks: list[list[torch.Tensor]] = [[], []]
+    off = 0
+    for group in model["param_shapes"]:
+        for shape in group.values():
+            n = shape.numel()
+            half = -(-n // 2)
+            padded = torch.cat([flat[off:off + n], torch.full((2 * half - n,), 7.0)])
+            ranks[0].append(padded[:half])
+            ranks[1].append(padded[half:])
+            off += n
+    model["dp_world_size"] = 2
+    for r in (0, 1):
+        torch.save(model, tag / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+        state = {"zero_stage": 3, "partition_count": 2, "fp32_flat_groups": [torch.cat(ranks[r])]}
+        torch.save({"optimizer_state_dict": state}, tag / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    res = api.consolidate(run, tmp_path / "hf", progress=False)
+    got = load_file(tmp_path / "hf/model.safetensors")
+    want = load_file(FIXTURES / "deepspeed_zero3/tiny_qwen2/expected.safetensors")
+    assert res.verification["deepspeed"][0]["world_size"] == 2
+    assert all(torch.equal(v, want[k]) for k, v in got.items())
