@@ -1,8 +1,10 @@
 """Checks against the architecture: expected keys and shapes, class name, loading.
 
-:class:`ArchitectureCheck` runs in a background thread while the copy runs: importing
-torch and transformers and instantiating the model on the meta device takes seconds, and
-the copy itself needs neither.
+:class:`ArchitectureCheck` runs in a background thread while the copy runs. For Llama,
+Mistral and Qwen2 causal LMs the expected keys come from config.json alone
+(:mod:`.arch_rules`, milliseconds, no torch); anything else, or any config the rules are
+unsure of, is instantiated with transformers on the meta device, which costs seconds of
+imports and is therefore cached.
 """
 
 from __future__ import annotations
@@ -12,20 +14,13 @@ import importlib.metadata
 import json
 import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .arch_rules import ArchResult, expected_from_rules
 from .hf_assets import needs_arch_from_model_type
 
-
-@dataclass
-class ArchResult:
-    architecture: str | None = None
-    expected: dict[str, tuple] = field(default_factory=dict)
-    optional: set[str] = field(default_factory=set)  # tied aliases that may be absent
-    error: str | None = None
-    notes: list[str] = field(default_factory=list)
+__all__ = ["ArchResult", "ArchitectureCheck", "cached_expected", "compare_keys", "from_pretrained_check"]
 
 
 def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
@@ -79,11 +74,15 @@ def _cache_path(reference: Path, archs: list[str]) -> Path | None:
 
 
 def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
-    """:func:`_expected_from_config`, remembered per (config.json, transformers, torch).
+    """Expected keys: from :mod:`.arch_rules` when sure, else :func:`_expected_from_config`.
 
     Instantiating the architecture costs seconds of imports; every checkpoint of a run
-    shares one config, so later consolidations of the same run reuse the answer.
+    shares one config, so that answer is remembered per (config.json, transformers, torch).
     """
+    config = json.loads((reference / "config.json").read_text())
+    ruled, unsure = expected_from_rules(config, archs, needs_arch_from_model_type(archs)) if isinstance(config, dict) else (None, "config.json is not an object")
+    if ruled is not None:
+        return ruled
     path = _cache_path(reference, archs)
     if path is not None and path.is_file():
         try:
@@ -93,6 +92,7 @@ def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
         except (ValueError, KeyError):
             pass
     res = _expected_from_config(reference, archs)
+    res.notes.append(f"config rules unsure ({unsure}); instantiated with transformers on the meta device")
     if path is not None and res.error is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
