@@ -6,7 +6,8 @@ Run::
 
 For each size it writes a synthetic Llama-shaped bf16 checkpoint (``--ranks`` FSDP shards)
 under ``benchmarks/_work/`` and runs, each in its own subprocess under ``/usr/bin/time``:
-this consolidator with an empty architecture cache (cold) and again with it filled (warm),
+this consolidator twice with its architecture cache disabled (``FSDP_WORKFLOW_NO_CACHE=1``,
+so each run is what a first consolidation of a new config costs),
 ``accelerate.utils.merge_fsdp_weights``, torch's ``dcp_to_torch_save`` and ``cp -r`` of
 the shards. The page cache is warmed first so every tool reads from memory. Prints a
 markdown table of wall time, peak RSS and ratios; ``--keep`` keeps the data.
@@ -15,6 +16,7 @@ markdown table of wall time, peak RSS and ratios; ``--keep`` keeps the data.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -57,12 +59,13 @@ def bench(gb: float, ranks: int, keep: bool) -> list[tuple[str, float, float]]:
     size = sum(f.stat().st_size for f in ckpt.iterdir())
     warm_cache(ckpt)
     py = sys.executable
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FSDP_WORKFLOW_CACHE": str(WORK / f"cache-{gb}")}
-    shutil.rmtree(WORK / f"cache-{gb}", ignore_errors=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FSDP_WORKFLOW_NO_CACHE": "1"}
     rows = []
-    for label in ("fsdp_workflow.consolidate (cold arch cache)", "fsdp_workflow.consolidate (warm arch cache)"):
+    for label in ("fsdp_workflow.consolidate (no arch cache, run 1)", "fsdp_workflow.consolidate (no arch cache, run 2)"):
         out = WORK / "out-ours"
         rows.append((label, *timed([py, "-m", "fsdp_workflow.consolidate", str(run), str(out), "--no-progress"], env)))
+        arch = json.loads((out / "verification.json").read_text())["architecture"]
+        print(f"{label}: architecture check: {arch['notes']}", file=sys.stderr)
         shutil.rmtree(out)
     out = WORK / "out-acc"
     code = f"from accelerate.utils import merge_fsdp_weights; merge_fsdp_weights({str(ckpt)!r}, {str(out)!r}, safe_serialization=True)"
@@ -78,7 +81,6 @@ def bench(gb: float, ranks: int, keep: bool) -> list[tuple[str, float, float]]:
     shutil.rmtree(out)
     if not keep:
         shutil.rmtree(run)
-        shutil.rmtree(WORK / f"cache-{gb}", ignore_errors=True)
     print(f"\n### {size / 1e9:.2f} GB bf16, {ranks} ranks, {os.cpu_count()} CPUs\n")
     acc = next(r for r in rows if r[0].startswith("accelerate"))[1]
     cp = rows[-1][1]
