@@ -129,3 +129,16 @@ def test_deepspeed_checkpoint_with_corrupt_files_is_explained(tmp_path):
     with pytest.raises(ConsolidationError, match=r"mp_rank_00_model_states\.pt: cannot be read.*truncated or corrupt"):
         consolidate(ds, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_real_zstd_items_use_dcp_reader(trained, tmp_path):
+    """DCP's own ZStandard stream transform (needs `zstandard`, in the dev extra) round-trips exactly."""
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    run = trained / "llama"
+    want = expected(run, 4)
+    layouts.save({"model": {k: v.clone() for k, v in want.items()}}, tmp_path / "z", [ZStandard()])
+    meta = pickle.load(open(tmp_path / "z" / ".metadata", "rb"))  # written by this test: trusted
+    assert all(i.transform_descriptors for i in meta.storage_data.values())
+    consolidate(tmp_path / "z", tmp_path / "out", reference=run / "hf_assets", progress=False)
+    assert_same_tensors(load_out(tmp_path / "out"), want)
