@@ -200,6 +200,18 @@ class ChunkHandle:
             raise ConsolidationError(f"{self.chunk.file}: truncated while reading chunk at offset {self.chunk.offset}")
         return buf
 
+    def read_into(self, off: int, out: memoryview) -> None:
+        """Fill ``out`` with the chunk's bytes from ``off``, without an intermediate buffer."""
+        if self.mem is not None:
+            out[:] = memoryview(self.mem)[off : off + len(out)]
+            return
+        pos, done = self.data.data_offset + off, 0  # type: ignore[union-attr]
+        while done < len(out):
+            n = os.preadv(self.fd, [out[done:]], pos + done)
+            if n == 0:
+                raise ConsolidationError(f"{self.chunk.file}: truncated while reading chunk at offset {self.chunk.offset}")
+            done += n
+
     def close(self) -> None:
         os.close(self.fd)
 

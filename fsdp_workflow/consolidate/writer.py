@@ -1,11 +1,17 @@
-"""Streaming safetensors writer: headers from metadata first, then bytes copied into place.
+"""Streaming safetensors writer: headers from metadata first, then bytes written into place.
 
 Every output file is laid out before any tensor data is read: the JSON header is computed
-from the DCP metadata, the file is sized with ``ftruncate``, and worker threads copy each
-chunk's byte ranges to their final offsets (``copy_file_range`` in-kernel when the dtype is
-kept, small bounded buffers otherwise). Right after a tensor is written the same worker
-re-reads it, hashes it and compares it with the source chunks, so verification overlaps
-the copy. Memory stays at a few buffers per worker whatever the model size.
+from the DCP metadata, the file is sized with ``ftruncate``, and worker threads (one tensor
+each, biggest first) fill each tensor at its final offset.
+
+With verification (the default) a tensor is assembled in output order, one slab at a time:
+each chunk's bytes for the slab are read once (cast if asked), the slab is written with one
+``pwrite``, hashed (sha256 in the same pass), read back from the output file and compared
+with the source bytes still in memory. The source is read once, the output written once
+and read once, and nothing is hashed twice; hashlib and the file calls release the GIL, so
+the threads keep every core busy. Without verification, kept-dtype chunks with long runs go
+through ``copy_file_range`` and never enter Python. Memory stays at two slabs per worker
+whatever the model size.
 """
 
 from __future__ import annotations
@@ -15,20 +21,20 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from .average import accumulate
 from .casting import cast_bytes
+from .errors import ConsolidationError
 from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor, chunk_runs
 
-SLAB_BYTES = 8 << 20  # read/compare buffer per worker
-BIG_RUN_BYTES = 256 << 10  # runs at least this long are copied in-kernel
+SLAB_BYTES = 512 << 10  # assembled-output and read-back buffer, two per worker: small enough to stay in CPU cache between the write, the hash and the compare
+BIG_RUN_BYTES = 256 << 10  # without verification, runs at least this long are copied in-kernel
 _COPY_FILE_RANGE = hasattr(os, "copy_file_range")
 
 
@@ -117,7 +123,9 @@ def _pwrite_all(fd: int, data: memoryview | bytes, off: int) -> None:
         mv, off = mv[n:], off + n
 
 
-def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int) -> None:
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int, source: Path) -> None:
+    """Copy ``n`` bytes between files in-kernel, falling back to pread/pwrite where unsupported."""
     global _COPY_FILE_RANGE
     while n > 0 and _COPY_FILE_RANGE:
         try:
@@ -128,31 +136,14 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int) ->
                 break
             raise
         if done == 0:
-            raise OSError(errno.EIO, "copy_file_range hit end of file (shard truncated?)")
+            raise ConsolidationError(f"{source}: ended at offset {src_off} while copying a chunk; the shard file is truncated")
         src_off, dst_off, n = src_off + done, dst_off + done, n - done
     while n > 0:
         buf = os.pread(src_fd, min(n, SLAB_BYTES), src_off)
         if not buf:
-            raise OSError(errno.EIO, "unexpected end of shard file")
+            raise ConsolidationError(f"{source}: ended at offset {src_off} while copying a chunk; the shard file is truncated")
         _pwrite_all(dst_fd, buf, dst_off)
         src_off, dst_off, n = src_off + len(buf), dst_off + len(buf), n - len(buf)
-
-
-def _pieces(runs: list[tuple[int, int, int]], max_elems: int) -> list[list[tuple[int, int, int]]]:
-    """Group consecutive runs into batches of at most ``max_elems``, splitting long runs."""
-    batches: list[list[tuple[int, int, int]]] = [[]]
-    size = 0
-    for src, dst, n in runs:
-        i = 0
-        while i < n:
-            take = min(n - i, max_elems)
-            if batches[-1] and size + take > max_elems:
-                batches.append([])
-                size = 0
-            batches[-1].append((src + i, dst + i, take))
-            size += take
-            i += take
-    return [b for b in batches if b]
 
 
 class StreamingWriter:
@@ -163,7 +154,7 @@ class StreamingWriter:
         files: Result of :func:`plan_files`.
         workers: Threads doing copy + verification.
         on_bytes: Progress callback, called with bytes written.
-        verify: Re-read, hash and compare every tensor after writing it.
+        verify: Hash every tensor and compare what was written with the source bytes.
     """
 
     def __init__(self, out_dir: Path, files: list[OutFile], workers: int = 4,
@@ -174,6 +165,7 @@ class StreamingWriter:
         self.verify = verify
         self._lock = threading.Lock()
         self._callback = on_bytes
+        self._local = threading.local()
 
     def on_bytes(self, n: int) -> None:
         if self._callback is not None:
@@ -197,6 +189,13 @@ class StreamingWriter:
             for fd in fds:
                 os.close(fd)
 
+    def _buffers(self) -> tuple[bytearray, bytearray]:
+        """This thread's slab buffers: the assembled output slab and its read-back."""
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = (bytearray(SLAB_BYTES), bytearray(SLAB_BYTES))
+        return bufs
+
     def _one(self, fd: int, t: OutTensor) -> TensorReport:
         if len(t.sources) > 1 or t.weights:
             data = accumulate(t.sources, t.weights or [1.0], t.dtype)
@@ -206,60 +205,117 @@ class StreamingWriter:
         src = t.sources[0]
         handles = [ChunkHandle(c, src.dtype) for c in src.chunks]
         try:
-            for h in handles:
-                self._copy_chunk(fd, t, src, h)
-            return self._verify(fd, t, src, handles) if self.verify else TensorReport("", None)
+            if not self.verify and src.dtype == t.dtype and all(_kernel_copyable(src, h) for h in handles):
+                item = dtype_info(src.dtype)[1]
+                for h in handles:
+                    for s, d, n in chunk_runs(src.shape, h.chunk):
+                        _copy_range(h.fd, fd, h.raw_offset + s * item, t.offset + d * item, n * item, h.chunk.file)  # type: ignore[operator]
+                        self.on_bytes(n * item)
+                return TensorReport("", None)
+            return self._stream(fd, t, src, handles)
         finally:
             for h in handles:
                 h.close()
 
-    def _copy_chunk(self, fd: int, t: OutTensor, src: SourceTensor, h: ChunkHandle) -> None:
+    def _stream(self, fd: int, t: OutTensor, src: SourceTensor, handles: list[ChunkHandle]) -> TensorReport:
+        """Assemble, write and (with ``verify``) hash and check the tensor, slab by slab in output order."""
         in_item, out_item = dtype_info(src.dtype)[1], dtype_info(t.dtype)[1]
-        runs = chunk_runs(src.shape, h.chunk)
         cast = src.dtype != t.dtype
-        if not cast and h.raw_offset is not None and runs and (len(runs) == 1 or runs[0][2] * in_item >= BIG_RUN_BYTES):
-            for s, d, n in runs:
-                _copy_range(h.fd, fd, h.raw_offset + s * in_item, t.offset + d * out_item, n * in_item)
-                self.on_bytes(n * out_item)
-            return
-        for batch in _pieces(runs, SLAB_BYTES // max(in_item, out_item)):
-            first = batch[0][0]
-            end = batch[-1][0] + batch[-1][2]
-            buf = h.read(first * in_item, (end - first) * in_item)
-            if cast:
-                buf = cast_bytes(buf, src.dtype, t.dtype)
-            mv = memoryview(buf)
-            for s, d, n in batch:
-                a = (s - first) * out_item
-                _pwrite_all(fd, mv[a : a + n * out_item], t.offset + d * out_item)
-            self.on_bytes((end - first) * out_item)
-
-    def _verify(self, fd: int, t: OutTensor, src: SourceTensor, handles: list[ChunkHandle]) -> TensorReport:
-        """Hash the written tensor in output order and compare it with the (cast) source bytes."""
-        in_item, out_item = dtype_info(src.dtype)[1], dtype_info(t.dtype)[1]
-        runs = sorted(((d, s, n, h) for h in handles for s, d, n in chunk_runs(src.shape, h.chunk)), key=lambda r: r[0])
-        digest = hashlib.sha256()
-        step = SLAB_BYTES // max(in_item, out_item)
+        buf, chk = self._buffers()
+        out_mv, chk_mv = memoryview(buf), memoryview(chk)
+        digest = hashlib.sha256() if self.verify else None
         equal, mismatch = True, None
-        for d, s, n, h in runs:
-            for i in range(0, n, step):
-                k = min(step, n - i)
-                got = os.pread(fd, k * out_item, t.offset + (d + i) * out_item)
-                digest.update(got)
-                want = h.read((s + i) * in_item, k * in_item)
-                if src.dtype != t.dtype:
-                    want = cast_bytes(want, src.dtype, t.dtype)
-                if equal and not _same(got, want):
-                    equal, mismatch = False, d + i
+        pieces = sorted(((d, s, n, h) for h in handles for s, d, n in chunk_runs(src.shape, h.chunk)), key=lambda r: r[0])
+        for base, slab in _slabs(pieces, SLAB_BYTES // max(in_item, out_item)):
+            by_handle: dict[int, tuple[ChunkHandle, list[tuple[int, int, int]]]] = {}
+            for d, s, n, h in slab:
+                by_handle.setdefault(id(h), (h, []))[1].append((d, s, n))
+            end = base
+            for h, ps in by_handle.values():
+                # A chunk's pieces inside one slab are consecutive in the chunk: one read each.
+                s0 = ps[0][1]
+                if len(ps) == 1 and not cast:
+                    d, _, n = ps[0]
+                    h.read_into(s0 * in_item, out_mv[(d - base) * out_item : (d - base + n) * out_item])
+                else:
+                    raw = h.read(s0 * in_item, (ps[-1][1] + ps[-1][2] - s0) * in_item)
+                    if cast:
+                        raw = cast_bytes(raw, src.dtype, t.dtype)
+                    rmv = memoryview(raw)
+                    for d, s, n in ps:
+                        a = (s - s0) * out_item
+                        out_mv[(d - base) * out_item : (d - base + n) * out_item] = rmv[a : a + n * out_item]
+                end = max(end, ps[-1][0] + ps[-1][2])
+            nbytes = (end - base) * out_item
+            pos = t.offset + base * out_item
+            _pwrite_all(fd, out_mv[:nbytes], pos)
+            self.on_bytes(nbytes)
+            if digest is None:
+                continue
+            digest.update(out_mv[:nbytes])
+            got = _pread_into(fd, chk_mv[:nbytes], pos)
+            if equal and (got != nbytes or not _same(buf, chk, nbytes)):
+                equal, mismatch = False, base + _first_diff(out_mv[:nbytes], chk_mv[:got]) // out_item
+        if digest is None:
+            return TensorReport("", None)
         return TensorReport(digest.hexdigest(), equal, mismatch)
 
 
-def _same(a: bytes, b: bytes) -> bool:
-    """Fast byte equality (numpy compares 8 bytes at a time; ``bytes ==`` is far slower here)."""
-    if len(a) != len(b):
+def _kernel_copyable(src: SourceTensor, h: ChunkHandle) -> bool:
+    """Long runs of raw file bytes, which the kernel copies without a trip through Python."""
+    if h.raw_offset is None:
         return False
-    n8 = len(a) // 8
-    return bool(np.array_equal(np.frombuffer(a, np.uint64, n8), np.frombuffer(b, np.uint64, n8))) and a[n8 * 8 :] == b[n8 * 8 :]
+    runs = chunk_runs(src.shape, h.chunk)
+    return len(runs) <= 1 or runs[0][2] * dtype_info(src.dtype)[1] >= BIG_RUN_BYTES
+
+
+def _pread_into(fd: int, mv: memoryview, off: int) -> int:
+    """Fill ``mv`` from ``fd`` at ``off``; returns the bytes read (short only at end of file)."""
+    done = 0
+    while done < len(mv):
+        n = os.preadv(fd, [mv[done:]], off + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _slabs(pieces: list[tuple[int, int, int, ChunkHandle]], step: int) -> Iterator[tuple[int, list[tuple[int, int, int, ChunkHandle]]]]:
+    """Cut (dst, src, n, handle) runs, sorted by dst and tiling the tensor, into slabs of ``step`` elements."""
+    slab: list[tuple[int, int, int, ChunkHandle]] = []
+    base = pieces[0][0] if pieces else 0
+    size = 0
+    for d, s, n, h in pieces:
+        i = 0
+        while i < n:
+            take = min(n - i, step - size)
+            slab.append((d + i, s + i, take, h))
+            size += take
+            i += take
+            if size == step:
+                yield base, slab
+                base, slab, size = d + i, [], 0
+    if slab:
+        yield base, slab
+
+
+def _same(a: bytearray, b: bytearray, n: int) -> bool:
+    """Equality of the first ``n`` bytes. Whole bytearrays compare with memcmp; memoryviews would compare byte by byte, 50x slower."""
+    if n == len(a) == len(b):
+        return a == b
+    return bytes(memoryview(a)[:n]) == bytes(memoryview(b)[:n])
+
+
+def _first_diff(a: memoryview, b: memoryview) -> int:
+    """Offset of the first differing byte (called only once equality has failed)."""
+    lo, hi = 0, min(len(a), len(b))
+    while hi - lo > 4096:  # halve with block compares, then scan the last few bytes
+        mid = (lo + hi) // 2
+        if bytes(a[lo:mid]) == bytes(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return next((i for i in range(lo, hi) if a[i] != b[i]), hi)
 
 
 def source_digest(src: SourceTensor) -> str:
