@@ -227,25 +227,12 @@ class StreamingWriter:
         equal, mismatch = True, None
         pieces = sorted(((d, s, n, h) for h in handles for s, d, n in chunk_runs(src.shape, h.chunk)), key=lambda r: r[0])
         for base, slab in _slabs(pieces, SLAB_BYTES // max(in_item, out_item)):
-            by_handle: dict[int, tuple[ChunkHandle, list[tuple[int, int, int]]]] = {}
-            for d, s, n, h in slab:
-                by_handle.setdefault(id(h), (h, []))[1].append((d, s, n))
-            end = base
-            for h, ps in by_handle.values():
-                # A chunk's pieces inside one slab are consecutive in the chunk: one read each.
-                s0 = ps[0][1]
-                if len(ps) == 1 and not cast:
-                    d, _, n = ps[0]
-                    h.read_into(s0 * in_item, out_mv[(d - base) * out_item : (d - base + n) * out_item])
-                else:
-                    raw = h.read(s0 * in_item, (ps[-1][1] + ps[-1][2] - s0) * in_item)
-                    if cast:
-                        raw = cast_bytes(raw, src.dtype, t.dtype)
-                    rmv = memoryview(raw)
-                    for d, s, n in ps:
-                        a = (s - s0) * out_item
-                        out_mv[(d - base) * out_item : (d - base + n) * out_item] = rmv[a : a + n * out_item]
-                end = max(end, ps[-1][0] + ps[-1][2])
+            if len(slab) == 1 and not cast:  # the usual case: the slab lies inside one run of one chunk
+                _d, s, n, h = slab[0]
+                h.read_into(s * in_item, out_mv[: n * out_item])
+                end = base + n
+            else:
+                end = self._gather(slab, base, out_mv, in_item, out_item, src.dtype, t.dtype)
             nbytes = (end - base) * out_item
             pos = t.offset + base * out_item
             _pwrite_all(fd, out_mv[:nbytes], pos)
@@ -259,6 +246,31 @@ class StreamingWriter:
         if digest is None:
             return TensorReport("", None)
         return TensorReport(digest.hexdigest(), equal, mismatch)
+
+    @staticmethod
+    def _gather(slab: list[tuple[int, int, int, ChunkHandle]], base: int, out_mv: memoryview,
+                in_item: int, out_item: int, in_dtype: str, out_dtype: str) -> int:
+        """Fill ``out_mv`` with the slab's pieces (several chunks, or a cast); returns the end element."""
+        by_handle: dict[int, tuple[ChunkHandle, list[tuple[int, int, int]]]] = {}
+        for d, s, n, h in slab:
+            by_handle.setdefault(id(h), (h, []))[1].append((d, s, n))
+        end = base
+        for h, ps in by_handle.values():
+            # A chunk's pieces inside one slab are consecutive in the chunk: one read each.
+            s0 = ps[0][1]
+            if len(ps) == 1 and in_dtype == out_dtype:
+                d, _, n = ps[0]
+                h.read_into(s0 * in_item, out_mv[(d - base) * out_item : (d - base + n) * out_item])
+            else:
+                raw = h.read(s0 * in_item, (ps[-1][1] + ps[-1][2] - s0) * in_item)
+                if in_dtype != out_dtype:
+                    raw = cast_bytes(raw, in_dtype, out_dtype)
+                rmv = memoryview(raw)
+                for d, s, n in ps:
+                    a = (s - s0) * out_item
+                    out_mv[(d - base) * out_item : (d - base + n) * out_item] = rmv[a : a + n * out_item]
+            end = max(end, ps[-1][0] + ps[-1][2])
+        return end
 
 
 def _kernel_copyable(src: SourceTensor, h: ChunkHandle) -> bool:
