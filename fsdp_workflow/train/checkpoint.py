@@ -18,15 +18,18 @@ directory to ``step-N``. A crash at any point leaves at most a ``*.tmp``.
 Pruning renames ``step-N`` away before deleting it, so a crash while pruning never
 leaves a half-deleted ``step-N``.
 
-Loading never unpickles arbitrary objects: non-tensor items (ints, floats,
-lists, the optimizer's param groups) are read with ``torch.load(weights_only=True)``
-(DCP's default planner uses ``weights_only=False``).
+Loading never unpickles arbitrary objects: ``.metadata`` goes through an
+allow-list unpickler (DCP's ``FileSystemReader`` uses plain ``pickle.load``, and
+``checkpoint.resume`` may name a directory someone else wrote), and non-tensor items
+(ints, floats, lists, the optimizer's param groups) are read with
+``torch.load(weights_only=True)`` (DCP's default planner uses ``weights_only=False``).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import re
 import shutil
 import time
@@ -62,6 +65,51 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
+
+
+_DCP_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                 "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a lookup of torch's layouts by name
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP ``.metadata`` naming only its own classes, torch dtypes and sizes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_METADATA_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(
+            f"{module}.{name} is not allowed in a DCP .metadata file (a crafted checkpoint?); "
+            "refusing to load it"
+        )
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """FileSystemReader whose ``.metadata`` is read by :class:`_MetadataUnpickler`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if hasattr(self, "_get_metadata_path"):  # torch >= 2.8 (per-rank metadata files)
+            path = self._get_metadata_path(kwargs.get("rank"))
+        else:
+            path = self.fs.concat_path(self.path, ".metadata")
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _MetadataUnpickler(stream).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 class _DelayedWriter(FileSystemWriter):
@@ -180,9 +228,11 @@ class Checkpointer:
     def load_deepspeed(path: Path, engine: Any) -> dict[str, Any]:
         """Load a DeepSpeed checkpoint into ``engine``; return its client state.
 
-        DeepSpeed unpickles its own files (``torch.load`` inside DeepSpeed): only resume
-        from checkpoints this run wrote.
+        DeepSpeed's loader unpickles its files with ``weights_only=False``, so every file
+        is first read with the consolidator's restricted loader, and the load is refused
+        unless all of them hold only tensors and DeepSpeed's plain records.
         """
+        check_deepspeed_pickles(path)
         _, client_state = engine.load_checkpoint(str(path))
         if client_state is None:
             raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
@@ -228,7 +278,26 @@ class Checkpointer:
     @staticmethod
     def load(path: Path, state: dict[str, Any]) -> None:
         """Load ``path`` into ``state`` in place (tensors, DTensors resharded as needed)."""
-        dcp.load(state, storage_reader=FileSystemReader(path), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+
+
+def check_deepspeed_pickles(path: Path) -> None:
+    """Refuse a DeepSpeed checkpoint whose ``*.pt`` files hold anything but tensors and plain records.
+
+    Raises:
+        CheckpointError: naming the file; nothing in it was executed.
+    """
+    from fsdp_workflow.consolidate.deepspeed import load_safely
+    from fsdp_workflow.consolidate.errors import ConsolidationError
+
+    files = sorted(Path(path).rglob("*.pt"))
+    if not files:
+        raise CheckpointError(f"{path}: no DeepSpeed *.pt files here; not a complete DeepSpeed checkpoint")
+    for f in files:
+        try:
+            load_safely(f)
+        except ConsolidationError as exc:
+            raise CheckpointError(f"refusing to resume: {exc}") from None
 
 
 def _remove_dir(path: Path) -> None:
