@@ -259,3 +259,47 @@ real_memory_mb() {
     local r=$((t * 9 / 10)); (( t - r >= 1024 )) || r=$((t - 1024))
     echo "$r"
 }
+
+# The slurm.conf settings both test clusters share. Uses the caller's D, NAME,
+# CTLD_PORT, SLURMD_PORT and first_id; $1 is the address slurmdbd is reached on.
+shared_conf_lines() { # storage_host
+    cat <<EOF
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+AuthType=auth/munge
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool/%n
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd.%n.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd.%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default, a job that asks for no memory gets the whole node and
+# blocks every other job.
+DefMemPerCPU=1024
+SlurmdParameters=config_overrides
+ReturnToService=2
+# Keep finished jobs in slurmctld memory for an hour: tests read final states
+# from 'scontrol show job'.
+MinJobAge=3600
+JobRequeue=1
+FirstJobId=$first_id
+KillWait=5
+InactiveLimit=0
+Waittime=0
+SlurmdTimeout=60
+# Schedule often, so dependent and released jobs start within seconds.
+SchedulerParameters=sched_interval=2,bf_interval=2,sched_min_interval=100000
+$(accounting_conf_lines "$1" "$NAME")
+EOF
+}

@@ -34,43 +34,7 @@ write_conf() {
 # Written by tools/slurm/local_cluster.sh -- single-node test cluster.
 ClusterName=$CLUSTER_NAME
 SlurmctldHost=$HOST_SHORT(127.0.0.1)
-SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
-AuthType=auth/munge
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$D/state
-SlurmdSpoolDir=$D/spool/%n
-SlurmctldPidFile=$D/slurmctld.pid
-SlurmdPidFile=$D/slurmd.%n.pid
-SlurmctldLogFile=$D/log/slurmctld.log
-SlurmdLogFile=$D/log/slurmd.%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-# Without a default, a job that asks for no memory gets the whole node and
-# blocks every other job.
-DefMemPerCPU=1024
-SlurmdParameters=config_overrides
-ReturnToService=2
-# Keep finished jobs in slurmctld memory for an hour: tests read final states
-# from 'scontrol show job'.
-MinJobAge=3600
-JobRequeue=1
-FirstJobId=$first_id
-KillWait=5
-InactiveLimit=0
-Waittime=0
-SlurmdTimeout=60
-# Schedule often, so dependent and released jobs start within seconds.
-SchedulerParameters=sched_interval=2,bf_interval=2,sched_min_interval=100000
-$(accounting_conf_lines 127.0.0.1 "$NAME")
+$(shared_conf_lines 127.0.0.1)
 NodeName=$HOST_SHORT NodeAddr=127.0.0.1 CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$HOST_SHORT Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF

@@ -86,38 +86,7 @@ write_conf() {
 # Written by tools/slurm/two_node_cluster.sh -- two-node test cluster.
 ClusterName=$CLUSTER_NAME
 SlurmctldHost=$HOST_SHORT($NET.1)
-SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
-AuthType=auth/munge
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$D/state
-SlurmdSpoolDir=$D/spool/%n
-SlurmctldPidFile=$D/slurmctld.pid
-SlurmdPidFile=$D/slurmd.%n.pid
-SlurmctldLogFile=$D/log/slurmctld.log
-SlurmdLogFile=$D/log/slurmd.%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1024
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge=3600
-JobRequeue=1
-FirstJobId=$first_id
-KillWait=5
-InactiveLimit=0
-Waittime=0
-SlurmdTimeout=60
-SchedulerParameters=sched_interval=2,bf_interval=2,sched_min_interval=100000
-$(accounting_conf_lines "$NET.1" "$NAME")
+$(shared_conf_lines "$NET.1")
 # Both nodes share this machine's memory: RealMemory is overcommitted.
 EOF
     for n in "${NODES[@]}"; do
