@@ -151,17 +151,24 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def render_consolidate_sbatch(plan: LaunchPlan) -> str:
-    assert plan.consolidate is not None
-    lines = _sbatch_header(plan.consolidate) + [
+def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: List[str]) -> str:
+    """A one-step CPU job (consolidation, evaluation): header, site environment, exec the step."""
+    lines = _sbatch_header(job) + [
         HEADER,
-        "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).",
+        comment,
         "set -euo pipefail",
+        *pre,
         *site_env_lines(plan),
-        "exec " + shell_join(plan.consolidate.step_argv),
+        "exec " + shell_join(job.step_argv),
         "",
     ]
     return "\n".join(lines)
+
+
+def render_consolidate_sbatch(plan: LaunchPlan) -> str:
+    assert plan.consolidate is not None
+    return _single_step_sbatch(
+        plan, plan.consolidate, "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).", [])
 
 
 def sbatch_argv(job: SbatchJob, script: str) -> List[str]:
@@ -221,16 +228,10 @@ def render_submit(plan: LaunchPlan) -> str:
 def render_eval_sbatch(plan: LaunchPlan) -> str:
     """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``."""
     assert plan.eval_job is not None
-    lines = _sbatch_header(plan.eval_job) + [
-        HEADER,
+    return _single_step_sbatch(
+        plan, plan.eval_job,
         "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
-        "set -euo pipefail",
-        'STEP=${1:?usage: sbatch eval.sbatch STEP}',
-        *site_env_lines(plan),
-        "exec " + shell_join(plan.eval_job.step_argv),
-        "",
-    ]
-    return "\n".join(lines)
+        ['STEP=${1:?usage: sbatch eval.sbatch STEP}'])
 
 
 def render_submit_eval(plan: LaunchPlan) -> str:
