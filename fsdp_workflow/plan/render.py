@@ -140,7 +140,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         HEADER,
         "set -uo pipefail",
         *pre_step_lines(plan),
-        *_exports(job.exports),
+        *_exports(plan.nccl_env),
         *rendezvous_lines(plan),
         'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
         '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',

@@ -55,7 +55,6 @@ class SbatchJob:
     role: str  # "train" or "consolidate"
     options: List[Tuple[str, Optional[str]]]  # ("nodes", "2"); value None for flags
     path_options: Dict[str, str]  # output/error: passed on the sbatch command line, quoted
-    exports: Dict[str, str] = field(default_factory=dict)  # exported before the step
     step_argv: List[str] = field(default_factory=list)  # what the job's step runs
 
 
@@ -167,17 +166,16 @@ def _cpu_job_options(cfg: WorkflowConfig, role: str) -> List[Tuple[str, Optional
     ]
 
 
-def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
-    """Build the whole launch as data.
+def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
+    """Build the whole launch as data, each step wrapped for ``cfg.container``.
 
     Args:
         cfg: a validated config.
-        wrap: optional ``(argv, step) -> argv`` container wrapper (``step`` is
-            ``"train"`` or ``"consolidate"``); None runs on the host.
     """
     from fsdp_workflow.plan.container import srun_container_args, wrap_argv
 
-    wrap = wrap or (lambda argv, step: wrap_argv(cfg, argv, step))
+    def wrap(argv: List[str], step: str) -> List[str]:
+        return wrap_argv(cfg, argv, step)
     c = cfg.cluster
     run_dir = Path(cfg.run_dir).absolute()
     log_dir = Path(c.log_dir).absolute() if c.log_dir else run_dir / LOG_DIR
@@ -214,7 +212,6 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
         role="train",
         options=opts,
         path_options={"output": str(log_dir / "train-%j.out")},
-        exports=dict(sorted(c.nccl_env.items())),
         step_argv=["srun", "--kill-on-bad-exit=1", f"--nodes={c.nodes}", "--ntasks-per-node=1",
                    *srun_container_args(cfg, "train"), "bash", str(run_dir / TRAIN_NODE_SCRIPT)],
     )
@@ -238,7 +235,7 @@ def build_plan(cfg: WorkflowConfig, wrap=None) -> LaunchPlan:
             role="eval",
             options=_cpu_job_options(cfg, "eval"),
             path_options={"output": str(log_dir / "eval-%j.out")},
-            step_argv=wrap(eval_argv, "consolidate"),
+            step_argv=wrap(eval_argv, "evaluate"),
         )
     return LaunchPlan(
         run_dir=run_dir,
