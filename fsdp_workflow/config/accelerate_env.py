@@ -35,6 +35,7 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyName,
     WorkflowConfig,
+    world_size,
 )
 
 FSDP_STRATEGIES = (StrategyName.fsdp1, StrategyName.fsdp2)
@@ -135,7 +136,7 @@ def _parallelism_env(cfg: WorkflowConfig) -> Dict[str, str]:
     tp, cp = s.tensor_parallel_size, s.context_parallel_size
     if tp <= 1 and cp <= 1:
         return {}
-    world = cfg.cluster.nodes * cfg.cluster.processes_per_node
+    world = world_size(cfg)
     return {
         "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
         "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1",

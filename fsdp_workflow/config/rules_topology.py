@@ -16,19 +16,10 @@ from fsdp_workflow.config.schema import (
     Launcher,
     MixedPrecision,
     WorkflowConfig,
+    data_parallel_size,
+    world_size,
 )
 from fsdp_workflow.config.validate import Rule, ValidationReport
-
-
-def world_size(cfg: WorkflowConfig) -> int:
-    """Total ranks: nodes x processes per node."""
-    return cfg.cluster.nodes * cfg.cluster.processes_per_node
-
-
-def data_parallel_size(cfg: WorkflowConfig) -> int:
-    """Ranks that see different data: world / (tensor parallel x context parallel)."""
-    model_parallel = cfg.strategy.tensor_parallel_size * cfg.strategy.context_parallel_size
-    return max(world_size(cfg) // max(model_parallel, 1), 1)
 
 
 def check_counts(cfg: WorkflowConfig, r: ValidationReport) -> None:

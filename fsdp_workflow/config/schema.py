@@ -325,6 +325,17 @@ class WorkflowConfig:
     name: str = "run"  # job name prefix on Slurm
 
 
+def world_size(cfg: WorkflowConfig) -> int:
+    """Total ranks: nodes x processes per node."""
+    return cfg.cluster.nodes * cfg.cluster.processes_per_node
+
+
+def data_parallel_size(cfg: WorkflowConfig) -> int:
+    """Ranks that see different data: world / (tensor parallel x context parallel)."""
+    model_parallel = cfg.strategy.tensor_parallel_size * cfg.strategy.context_parallel_size
+    return max(world_size(cfg) // max(model_parallel, 1), 1)
+
+
 def register_configs() -> None:
     """Register the schema in Hydra's ConfigStore (YAML files name these in their defaults)."""
     from hydra.core.config_store import ConfigStore

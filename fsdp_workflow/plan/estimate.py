@@ -18,6 +18,8 @@ from fsdp_workflow.config.schema import (
     OptimizerName,
     StrategyName,
     WorkflowConfig,
+    data_parallel_size,
+    world_size,
 )
 
 GIB = 1024**3
@@ -59,7 +61,7 @@ class MemoryEstimate:
 def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     """Per-rank memory for parameters, gradients, optimizer state and activations."""
     p = num_params(cfg.model)
-    world = max(cfg.cluster.nodes * cfg.cluster.processes_per_node, 1)
+    world = max(world_size(cfg), 1)
     opt = _optimizer_bytes(cfg.optimizer.name) * p
     low = 2 if cfg.train.mixed_precision != MixedPrecision.no else 4
     s = cfg.strategy.name
@@ -89,8 +91,7 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
 def summary_lines(cfg: WorkflowConfig) -> List[str]:
     """The human summary printed by the planner."""
     c, t = cfg.cluster, cfg.train
-    world = c.nodes * c.processes_per_node
-    dp = max(world // max(cfg.strategy.tensor_parallel_size * cfg.strategy.context_parallel_size, 1), 1)
+    world, dp = world_size(cfg), data_parallel_size(cfg)
     global_batch = t.micro_batch_size * t.grad_accum_steps * dp
     est = estimate_memory(cfg)
     unit = "GPU" if c.device == Device.cuda else "process"

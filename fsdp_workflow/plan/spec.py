@@ -21,6 +21,7 @@ from fsdp_workflow.config.schema import (
     Launcher,
     OutputDtype,
     WorkflowConfig,
+    world_size,
 )
 
 # Files a run directory holds; every stage refers to them through these names.
@@ -74,10 +75,6 @@ class LaunchPlan:
     shutdown_timeout_s: int = 30  # torchrun's wait for ranks after SIGTERM before SIGKILL
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step
-
-
-def world_size(cfg: WorkflowConfig) -> int:
-    return cfg.cluster.nodes * cfg.cluster.processes_per_node
 
 
 def consolidated_dir(cfg: WorkflowConfig) -> Path:
