@@ -14,8 +14,8 @@ import subprocess
 import sys
 from typing import List
 
-from fsdp_workflow.exit_codes import EXIT_REQUEUE
-from fsdp_workflow.plan.spec import REQUEUE_MARKER, TRAIN_NODE_SCRIPT, LaunchPlan
+from fsdp_workflow.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
+from fsdp_workflow.plan.spec import TRAIN_NODE_SCRIPT, LaunchPlan
 
 
 def free_port() -> int:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import shlex
 from typing import Iterable, List
 
-from fsdp_workflow.exit_codes import EXIT_REQUEUE
+from fsdp_workflow.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
 from fsdp_workflow.plan.spec import (
     CONSOLIDATE_SBATCH,
     EVAL_SBATCH,
     JOBS_FILE,
     LAUNCH_ENV_FILE,
-    REQUEUE_MARKER,
     SUBMIT_EVAL_SCRIPT,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from fsdp_workflow.exit_codes import REQUEUE_MARKER  # noqa: F401 - re-exported for the renderer
 from fsdp_workflow.config.schema import (
     ClusterKind,
     Device,
