@@ -15,14 +15,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from fsdp_workflow.config.schema import WorkflowConfig, register_configs
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The Hydra config tree and the shipped sample data live inside the package, so
+# an ordinary (non-editable) ``pip install`` carries them.
+CONF_DIR = PACKAGE_DIR / "conf"
+ASSETS_DIR = PACKAGE_DIR / "assets"
+# The checkout the package was imported from (for ``git describe`` in provenance);
+# for an installed package this is site-packages and git simply finds no repository.
+PROJECT_ROOT = PACKAGE_DIR.parent
 
 
 def register_resolvers() -> None:
-    """Register ``${fw.root:}`` (the project root, for shipped data paths). Idempotent."""
-    if not OmegaConf.has_resolver("fw.root"):
-        OmegaConf.register_new_resolver("fw.root", lambda: str(PROJECT_ROOT))
+    """Register ``${fw.assets:}`` (the package's shipped data, e.g. the smoke corpus). Idempotent."""
+    if not OmegaConf.has_resolver("fw.assets"):
+        OmegaConf.register_new_resolver("fw.assets", lambda: str(ASSETS_DIR))
 
 
 def to_typed(cfg: DictConfig) -> WorkflowConfig:

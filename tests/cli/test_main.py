@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "fsdp_workflow" / "conf" / "experiment").glob("*.yaml"))
 RUN_FILES = ["config.yaml", "launch.env", "train.sbatch", "train_node.sh", "consolidate.sbatch",
              "submit.sh", "provenance.json"]
 

@@ -35,10 +35,10 @@ def test_definition_file_sections_base_and_install() -> None:
     for name in ("files", "environment", "post", "test", "runscript", "labels", "help"):
         assert name in sections, f"%{name} missing from {DEF}"
     files = {line.split()[0] for line in sections["files"].splitlines() if line.strip()}
-    assert {"pyproject.toml", "fsdp_workflow", "conf"} <= files
+    assert {"pyproject.toml", "fsdp_workflow"} <= files
     for src in files:
         assert (ROOT / src).exists(), f"%files copies {src}, which the repository does not have"
-    assert re.search(r"pip install -e /opt/fsdp_workflow", sections["post"])
+    assert re.search(r"pip install /opt/fsdp_workflow", sections["post"])
     assert "PYTHONNOUSERSITE=1" in sections["environment"]
     for module in IMPORTS:
         assert re.search(rf"\bimport\b.*\b{module}\b", sections["test"]), f"%test does not import {module}"
@@ -50,7 +50,7 @@ def test_dockerfile_matches_the_definition() -> None:
     base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
     def_base = parse_def(DEF.read_text())[0]["From"]
     assert PINNED.match(base) and base == def_base, "both recipes start from the same pinned image"
-    assert "pip install -e /opt/fsdp_workflow" in text
+    assert "pip install /opt/fsdp_workflow" in text
     assert re.search(r"ENV[^\n]*PYTHONNOUSERSITE=1", text)
     for module in IMPORTS:
         assert re.search(rf"RUN python -c \"import [^\"]*\b{module}\b", text), f"no import test for {module}"
