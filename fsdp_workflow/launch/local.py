@@ -3,6 +3,13 @@
 The same ``train_node.sh`` that Slurm runs on each node runs here, with the
 rendezvous on 127.0.0.1 and a free port, so a local smoke run exercises the
 exact launch a cluster job would.
+
+Signals: SIGUSR2, SIGTERM or SIGINT sent to ``python -m fsdp_workflow`` go to
+the process group of ``train_node.sh``, which has become torchrun (``exec``).
+torchrun starts every rank in a session of its own and re-sends the signal to
+each (``train_node.sh`` exports ``PET_SIGNALS_TO_HANDLE``); on SIGUSR2/SIGTERM
+the ranks checkpoint and rank 0 writes ``RUN_DIR/.requeue``. The command then
+exits 75 and prints how to resume.
 """
 
 from __future__ import annotations
@@ -25,7 +32,11 @@ def free_port() -> int:
 
 
 def _run(argv: List[str], env: dict) -> int:
-    """Run a child in its own process group; forward Ctrl-C/SIGTERM to all of it."""
+    """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it.
+
+    The group is the launcher only: torchrun's ranks live in sessions of their own
+    and get the signal from torchrun.
+    """
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def forward(signum, _frame):
@@ -48,6 +59,9 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(free_port())
     env.update(plan.nccl_env)
+    # A marker left by an earlier preempted run in this directory would turn a later
+    # failure into "stopped on a signal"; train.sbatch removes it the same way.
+    (plan.run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
     print(f"[fsdp_workflow] training: {plan.run_dir}/logs, metrics in {plan.run_dir}/metrics.jsonl", file=sys.stderr)
     rc = _run(["bash", str(plan.run_dir / TRAIN_NODE_SCRIPT)], env)
     if rc != 0:

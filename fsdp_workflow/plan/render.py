@@ -56,6 +56,32 @@ def _run_dir_lines(plan: LaunchPlan) -> List[str]:
     return [f"RUN_DIR={shlex.quote(str(plan.run_dir))}"]
 
 
+# torchrun's default list plus Slurm's pre-timeout SIGUSR2.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+
+def launcher_signal_lines(plan: LaunchPlan) -> List[str]:
+    """Make the launcher pass SIGUSR2/SIGTERM on to every rank and wait for their checkpoint.
+
+    torchrun starts each rank in a session of its own, so a signal sent to torchrun
+    (by the local CLI, or by Slurm where it does not signal the ranks themselves)
+    reaches the ranks only if torchrun re-sends it; it then waits
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. ``PET_SIGNALS_TO_HANDLE``
+    is the variable form of ``--signals-to-handle``, read by torchrun's parser and so
+    by ``accelerate launch``, which runs the same agent in-process;
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` would do nothing (torchrun overwrites it).
+    """
+    return [
+        "# torchrun starts each rank in a session of its own: a signal sent to torchrun reaches",
+        "# the ranks only if torchrun re-sends it. It re-sends these, then waits this long (s)",
+        "# for the ranks to checkpoint and exit before SIGKILL. accelerate launch reads the same.",
+        f"export PET_SIGNALS_TO_HANDLE={FORWARDED_SIGNALS}",
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(plan.shutdown_timeout_s)}",
+        "# Until torchrun installs its handler, an early SIGUSR2 must not kill the launcher.",
+        "trap '' USR2",
+    ]
+
+
 def render_train_node(plan: LaunchPlan) -> str:
     """What one task per node runs: load launch.env, then start this node's ranks."""
     lines = [
@@ -70,9 +96,7 @@ def render_train_node(plan: LaunchPlan) -> str:
         ': "${MASTER_PORT:?MASTER_PORT is set by train.sbatch (derived from the job id)}"',
         'echo "[fsdp_workflow] host $(hostname) node_rank ${SLURM_NODEID:-0} of '
         f'{plan.nnodes} master $MASTER_ADDR:$MASTER_PORT" >&2',
-        "# The launcher must outlive the preemption signal; the ranks install their own handler.",
-        "trap '' USR2",
-        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(plan.shutdown_timeout_s)}",
+        *launcher_signal_lines(plan),
         "exec " + shell_join(plan.node_script_argv),
         "",
     ]

@@ -10,10 +10,13 @@ checkpoint and exits with :data:`fsdp_workflow.exit_codes.EXIT_REQUEUE`.
 Which process must receive the signal: every rank handles it, so it may be sent
 to the ranks directly (``scancel --signal=USR2 --full`` or ``--signal=USR2@T``
 without ``B:``), or to ``torchrun`` when torchrun is told to forward it:
-``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2`` makes
+``--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2``, or its variable
+``PET_SIGNALS_TO_HANDLE`` (what the generated ``train_node.sh`` exports), makes
 the elastic agent re-send the signal it got to every worker and wait
-``--shutdown-timeout`` seconds (default 30) before SIGKILL. Without that
-variable, SIGUSR2's default action kills torchrun itself at once.
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30) before SIGKILL.
+``TORCHELASTIC_SIGNALS_TO_HANDLE`` does nothing: torchrun overwrites it. Without
+SIGUSR2 in the list, SIGUSR2 kills torchrun at once (or is ignored, if inherited
+so) and never reaches the ranks, which torchrun starts in sessions of their own.
 """
 
 from __future__ import annotations

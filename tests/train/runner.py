@@ -2,14 +2,19 @@
 
 ``make_run_dir`` composes ``conf/`` with overrides, writes the resolved
 ``config.yaml`` and ``launch.env``; ``launch`` runs
-``torchrun --nproc_per_node N --standalone -m fsdp_workflow.train RUN_DIR`` with
-launch.env's variables in the environment.
+``torchrun --nproc_per_node N -m fsdp_workflow.train RUN_DIR`` with launch.env's
+variables in the environment, and no other torchrun flag.
+
+Signal tests never use that command: they run what users and Slurm run, the
+generated ``train_node.sh`` (``start_node_script``, after ``write_scripts``) or
+``python -m fsdp_workflow`` itself (``start_cli``), with nothing added.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,14 +43,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# What the launcher must pass so that torchrun forwards Slurm's SIGUSR2 to the ranks
-# (torchrun's own default list overrides TORCHELASTIC_SIGNALS_TO_HANDLE).
-FORWARD_SIGNALS = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"]
-
-
-def launch_cmd(run_dir: Path, nproc: int = 2, torchrun_args: Sequence[str] = ()) -> list[str]:
+def launch_cmd(run_dir: Path, nproc: int = 2) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", *torchrun_args,
+        sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc), "--nnodes", "1",
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
         "-m", "fsdp_workflow.train", str(run_dir),
@@ -68,17 +68,56 @@ def launch(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = 
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
 
 
-def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None,
-          torchrun_args: Sequence[str] = ()) -> subprocess.Popen:
+def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None) -> subprocess.Popen:
     """Start the trainer in the background (torchrun gives each rank its own session)."""
     with open(run_dir / "train.log", "ab") as log:
-        return subprocess.Popen(launch_cmd(run_dir, nproc, torchrun_args), env=launch_env(run_dir, extra_env),
+        return subprocess.Popen(launch_cmd(run_dir, nproc), env=launch_env(run_dir, extra_env),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def rank_pids(torchrun_pid: int) -> list[int]:
-    """The worker processes torchrun started (its children), by reading /proc."""
-    out = []
+def _process_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """This interpreter's ``python``/``torchrun`` first on PATH; one thread per rank (2 shared cores)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(extra or {})
+    return env
+
+
+def write_scripts(run_dir: Path) -> Path:
+    """(Re)write ``run_dir``'s job scripts from its ``config.yaml``, as the CLI would, for ``run_dir``."""
+    from fsdp_workflow.config.load import load_run_config
+    from fsdp_workflow.plan.run_dir import write_run_dir
+
+    cfg = load_run_config(run_dir / "config.yaml")
+    cfg.run_dir = str(run_dir)  # a copied run dir's config still names its source
+    write_run_dir(cfg)
+    return run_dir
+
+
+def start_node_script(run_dir: Path, extra_env: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    """``bash RUN_DIR/train_node.sh`` as ``srun`` starts it on node 0; the script execs torchrun."""
+    env = _process_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(extra_env or {})})
+    env.pop("SLURM_NODEID", None)
+    with open(run_dir / "train.log", "ab") as log:
+        return subprocess.Popen(["bash", str(run_dir / "train_node.sh")], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_cli(run_dir: Path, overrides: Sequence[str] = ()) -> subprocess.Popen:
+    """``python -m fsdp_workflow run_dir=RUN_DIR OVERRIDES``: the local run, exactly as a user starts it.
+
+    Output goes to ``run_dir/train.log`` (the CLI accepts an existing run dir).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "train.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "fsdp_workflow", f"run_dir={run_dir}", *overrides],
+                                env=_process_env(), cwd=run_dir.parent,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
@@ -86,9 +125,46 @@ def rank_pids(torchrun_pid: int) -> list[int]:
             except OSError:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == torchrun_pid:
-                out.append(int(d.name))
+            out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started, by reading /proc."""
+    return sorted(_children().get(pid, []))
+
+
+def rank_pids(torchrun_pid: int) -> list[int]:
+    """The worker processes torchrun started (its children)."""
+    return child_pids(torchrun_pid)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun and the ranks, which sit in sessions of their own)."""
+    children, out, todo = _children(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
     return sorted(out)
+
+
+def alive(pid: int) -> bool:
+    """Running (not a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and everything below it (test cleanup; the ranks are not in its group)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:

@@ -1,4 +1,9 @@
-"""Preemption: SIGUSR2 through torchrun -> checkpoint at the current step, exit 75; kill -9 during a save."""
+"""Preemption through the commands that really run: ``python -m fsdp_workflow`` and ``train_node.sh``.
+
+A signal sent to the CLI goes to torchrun's process group only; the ranks sit in
+sessions of their own and see it only because the generated ``train_node.sh``
+makes torchrun forward it. Nothing here adds a torchrun flag.
+"""
 
 from __future__ import annotations
 
@@ -11,46 +16,87 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from fsdp_workflow.exit_codes import EXIT_REQUEUE
+from fsdp_workflow.exit_codes import EXIT_OK, EXIT_REQUEUE, REQUEUE_MARKER
 from fsdp_workflow.train.checkpoint import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
-from tests.train.runner import FORWARD_SIGNALS, launch, log_text, losses, make_run_dir, rank_pids, start, wait_for_step
+from tests.train.runner import (
+    alive, child_pids, kill_tree, log_text, losses, rank_pids, start_cli, start_node_script, wait_for_step,
+    write_scripts,
+)
 
 pytestmark = pytest.mark.slow
 
+# The smoke run (cluster=local, cpu, 2 processes), too long to end on its own while the test waits.
+LONG_RUN = [
+    "cluster=local", "cluster.device=cpu", "cluster.processes_per_node=2",
+    "train.max_steps=100000", "checkpoint.every_steps=0", "train.seq_len=64", "train.log_every_steps=5",
+    "strategy.activation_checkpointing=true", "consolidate.enabled=false",
+]
+STOP_WAIT_S = 60  # checkpointing takes a few seconds; without forwarding the run never stops
 
-def test_sigusr2_to_torchrun_checkpoints_and_exits_75(tmp_path: Path) -> None:
-    run = make_run_dir(tmp_path / "run", [
-        "train.max_steps=500", "checkpoint.every_steps=0", "optimizer.lr=3e-3",
-        "strategy.activation_checkpointing=true",
-    ])
-    proc = start(run, torchrun_args=FORWARD_SIGNALS)
+
+def _signal_cli_and_wait(run: Path, sig: signal.Signals) -> tuple[int, list[int]]:
+    """Start the CLI, signal only its pid once a step is logged; return its exit code and the rank pids."""
+    proc = start_cli(run, LONG_RUN)
     try:
-        wait_for_step(run, 3, proc)
-        os.kill(proc.pid, signal.SIGUSR2)  # what Slurm's --signal=B:USR2 does to the batch step's launcher
-        proc.wait(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    # torchrun reports any non-zero worker exit as 1; the trainer's own code is in train_exit.json.
-    assert proc.returncode == 1, log_text(run)
+        wait_for_step(run, 1, proc)
+        (launcher,) = child_pids(proc.pid)  # bash train_node.sh, exec'd into torchrun
+        ranks = rank_pids(launcher)
+        assert len(ranks) == 2, (ranks, log_text(run))
+        os.kill(proc.pid, sig)  # the CLI only: what `kill`, a supervisor or `timeout` does
+        proc.wait(timeout=STOP_WAIT_S)
+    except BaseException:
+        kill_tree(proc)
+        raise
+    return proc.returncode, ranks
+
+
+def _assert_stopped_with_checkpoint(run: Path, rc: int, ranks: list[int], sig: signal.Signals) -> int:
+    log = log_text(run)
+    assert rc == EXIT_REQUEUE, log
+    assert not [p for p in ranks if alive(p)], "ranks outlived the CLI"
     info = json.loads((run / "train_exit.json").read_text())
-    assert info["exit_code"] == EXIT_REQUEUE and "SIGUSR2" in info["reason"], info
-    last = max(losses(run))
-    assert 3 <= last < 500 and info["step"] == last
-    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert ckpts == [f"step-{last}"], ckpts
-    md = FileSystemReader(str(run / "checkpoints" / f"step-{last}")).read_metadata()
+    assert info["exit_code"] == EXIT_REQUEUE and sig.name in info["reason"], info
+    step = info["step"]
+    assert 1 <= step < 100000 and max(losses(run)) == step
+    assert (run / REQUEUE_MARKER).read_text() == f"step {step}\n"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{step}"]
+    md = FileSystemReader(str(run / "checkpoints" / f"step-{step}")).read_metadata()  # complete: has .metadata
     assert "model.model.layers.0.mlp.up_proj.weight" in md.state_dict_metadata  # no checkpoint-wrapper names
     assert not any("_checkpoint_wrapped_module" in k for k in md.state_dict_metadata)
+    assert f"rerun the same command with checkpoint.resume=auto run_dir={run} to continue" in log
+    return step
+
+
+def test_sigusr2_to_the_cli_checkpoints_and_exits_75(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rc, ranks = _signal_cli_and_wait(run, signal.SIGUSR2)
+    _assert_stopped_with_checkpoint(run, rc, ranks, signal.SIGUSR2)
+
+
+def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rc, ranks = _signal_cli_and_wait(run, signal.SIGTERM)
+    step = _assert_stopped_with_checkpoint(run, rc, ranks, signal.SIGTERM)
+
+    # The printed advice, with an end in sight: resume, finish, and leave no stale marker.
+    proc = start_cli(run, [*LONG_RUN, "checkpoint.resume=auto", f"train.max_steps={step + 2}"])
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert proc.returncode == EXIT_OK, log_text(run)
+    assert f"resumed from {run / 'checkpoints' / f'step-{step}'}" in log_text(run)
+    assert not (run / REQUEUE_MARKER).exists()
 
 
 def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_path: Path) -> None:
     """Resume from step-10, hang the step-20 save before .metadata, kill -9 everything, resume again."""
-    run = copy_run(straight_run, tmp_path / "killed", checkpoints=(10,))
+    run = write_scripts(copy_run(straight_run, tmp_path / "killed", checkpoints=(10,)))
     ckpts = run / "checkpoints"
     before = {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()}
-    proc = start(run, extra_env={SAVE_DELAY_ENV: "120"})
+    proc = start_node_script(run, extra_env={SAVE_DELAY_ENV: "120"})  # bash execs torchrun: proc.pid is torchrun
     try:
         wait_for_step(run, 20, proc)
         deadline = time.monotonic() + 60
@@ -66,7 +112,12 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     assert not (ckpts / "step-20.tmp" / ".metadata").exists()
     assert {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()} == before
 
-    proc2 = launch(run)
+    proc2 = start_node_script(run)
+    try:
+        proc2.wait(timeout=180)
+    finally:
+        if proc2.poll() is None:
+            kill_tree(proc2)
     assert proc2.returncode == 0, log_text(run)
     assert f"resumed from {ckpts / 'step-10'}" in log_text(run)
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-20"]
