@@ -219,7 +219,7 @@ class OptimizerConfig:
     fused: Optional[bool] = None  # None: fused where the device supports it
     scheduler: SchedulerName = SchedulerName.cosine
     warmup_steps: int = 0  # linear warmup, in optimizer steps
-    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine/linear)
+    min_lr_ratio: float = 0.0  # lr at train.max_steps as a fraction of lr (cosine/linear; 0 = HF's schedules)
     max_grad_norm: Optional[float] = 1.0  # None disables clipping
 
 

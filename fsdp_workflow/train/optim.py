@@ -1,4 +1,4 @@
-"""Optimizers the schema offers and the warmup + decay learning-rate schedule."""
+"""Optimizers the schema offers and the warmup + decay learning-rate schedule (Hugging Face's)."""
 
 from __future__ import annotations
 
@@ -70,20 +70,53 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, 
 
 
 def lr_lambda(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
-    """Multiplier of ``optimizer.lr`` after ``step`` optimizer steps: linear warmup then cosine/linear/constant."""
+    """Multiplier of ``optimizer.lr`` for the optimizer step after ``step`` completed steps.
+
+    The same numbers as Hugging Face's schedulers (``transformers.optimization``), so a
+    recipe moved from the ``Trainer`` keeps its learning rate step for step:
+
+    * warmup: ``step / warmup_steps`` while ``step < warmup_steps``, so the first step
+      runs at lr 0 and ``lr`` is reached at ``step == warmup_steps`` (HF's convention);
+    * ``cosine``: ``get_cosine_schedule_with_warmup``, or with ``min_lr_ratio > 0``
+      ``get_cosine_with_min_lr_schedule_with_warmup(min_lr_rate=min_lr_ratio)``;
+    * ``linear``: ``get_linear_schedule_with_warmup``; with ``min_lr_ratio > 0`` the same
+      decay lifted onto the floor, ``r + (1 - r) * f``, reaching ``r * lr`` at
+      ``max_steps`` (transformers has no linear schedule with a floor; this is the one
+      its cosine uses);
+    * ``constant``: ``get_constant_schedule_with_warmup`` (``get_constant_schedule``
+      without warmup); ``min_lr_ratio`` does not apply.
+
+    Args:
+        step: optimizer steps taken so far (``LambdaLR``'s ``last_epoch``).
+        cfg: the ``optimizer`` group.
+        max_steps: ``train.max_steps``, where the decay ends.
+
+    Returns:
+        The factor ``LambdaLR`` multiplies ``optimizer.lr`` by.
+    """
+    # Written out rather than delegated to transformers so that the trainer's schedule
+    # does not move with a transformers upgrade; the float operations are HF's, in
+    # HF's order, so the values are bit-identical (tests/train/test_schedules.py).
     warmup = max(0, cfg.warmup_steps)
-    if warmup and step < warmup:
-        return (step + 1) / warmup
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
     if cfg.scheduler == SchedulerName.constant:
         return 1.0
-    span = max(1, max_steps - warmup)
-    progress = min(1.0, max(0.0, (step - warmup) / span))
     floor = cfg.min_lr_ratio
+    span = float(max(1, max_steps - warmup))
     if cfg.scheduler == SchedulerName.linear:
-        return floor + (1.0 - floor) * (1.0 - progress)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        factor = max(0.0, float(max_steps - step) / span)
+    else:
+        progress = float(step - warmup) / span
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return max(0.0, factor * (1.0 - floor) + floor)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` following :func:`lr_lambda` (its state dict is plain numbers: safe to checkpoint)."""
+    """A ``LambdaLR`` following :func:`lr_lambda`.
+
+    The multiplier is a plain function, so ``state_dict()`` holds only numbers
+    (``last_epoch``, ``base_lrs``, ``_last_lr``, ...) and ``lr_lambdas == [None]``: it
+    loads with ``torch.load(weights_only=True)`` and a resumed run continues exactly.
+    """
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(s, cfg, max_steps))
