@@ -53,9 +53,22 @@ def _run(argv: List[str], env: dict) -> int:
             signal.signal(s, h)
 
 
+def _as_if_activated(env: dict) -> dict:
+    """Give the children this interpreter's virtualenv as ``activate`` would.
+
+    ``train_node.sh`` runs ``torchrun`` by name. Run from a venv's console script
+    without activating it (``/opt/venv/bin/fsdp-workflow``), PATH would find another
+    environment's torchrun, whose ranks import another fsdp_workflow, or none.
+    """
+    if sys.prefix != sys.base_prefix and env.get("VIRTUAL_ENV") != sys.prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+        env["PATH"] = os.pathsep.join(filter(None, [os.path.dirname(sys.executable), env.get("PATH")]))
+    return env
+
+
 def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     """Train, then consolidate. Returns the exit code for the CLI."""
-    env = dict(os.environ)
+    env = _as_if_activated(dict(os.environ))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(free_port())
     env.update(plan.nccl_env)

@@ -23,7 +23,13 @@ from fsdp_workflow.plan.spec import CONFIG_FILE, LAUNCH_ENV_FILE, LOG_DIR, Launc
 
 
 def git_revision() -> str:
-    """The project's git revision (with ``-dirty``), or ``unknown`` outside a checkout."""
+    """The project's git revision (with ``-dirty``), or ``unknown`` outside a checkout.
+
+    Only the checkout's own ``.git`` counts: an installed package sits in site-packages,
+    and a venv inside some other repository must not record that repository's revision.
+    """
+    if not (PROJECT_ROOT / ".git").exists():
+        return "unknown"
     try:
         rev = subprocess.run(
             ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=12"],

@@ -1,0 +1,248 @@
+"""``pip install .`` is an ordinary package: the config tree and smoke corpus travel in it.
+
+A fresh venv gets a regular (non-editable) install of a copy of this checkout,
+and its ``fsdp-workflow`` runs from an unrelated directory: a dry run, a user
+experiment found through ``hydra.searchpath``, and the real 2-process smoke run.
+
+    python -m pytest -q tests/packaging
+
+The venv sees the system's site-packages, so torch, transformers and Hydra come
+from there and nothing is downloaded. Builds run on a copy of the source in a
+temporary directory, so ``build/`` and ``*.egg-info`` never land in the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+import yaml
+
+from fsdp_workflow.plan.spec import (
+    CONFIG_FILE,
+    CONSOLIDATE_SBATCH,
+    LAUNCH_ENV_FILE,
+    SUBMIT_SCRIPT,
+    TRAIN_NODE_SCRIPT,
+    TRAIN_SBATCH,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "fsdp_workflow"
+# Everything a build reads from the checkout (pyproject's `readme` included).
+BUILD_INPUTS = ("pyproject.toml", "README.md", PACKAGE)
+RUN_FILES = (CONFIG_FILE, LAUNCH_ENV_FILE, TRAIN_SBATCH, TRAIN_NODE_SCRIPT, CONSOLIDATE_SBATCH, SUBMIT_SCRIPT,
+             "provenance.json")
+PIP_OFFLINE = ["--no-deps", "--no-build-isolation", "--no-index", "--disable-pip-version-check", "-q"]
+
+# A user's experiment kept outside the package (README: hydra.searchpath): the packaged
+# smoke run, shorter, with SGD.
+USER_EXPERIMENT = """\
+# @package _global_
+defaults:
+  - smoke
+  - override /optimizer: sgd
+  - _self_
+
+name: my_smoke
+train:
+  max_steps: 6
+checkpoint:
+  every_steps: 3
+"""
+
+
+def _copy_source(dest: Path) -> Path:
+    """The build inputs of the checkout, without bytecode or an editable install's egg-info."""
+    dest.mkdir(parents=True)
+    for name in BUILD_INPUTS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, dest / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def _env() -> Dict[str, str]:
+    """This environment, minus what would point a child at the checkout or at another venv.
+
+    PATH keeps no trace of the new venv: its console scripts are run by path, unactivated.
+    """
+    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+def _run(argv: Sequence[str], cwd: Path, timeout_s: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def _explain(res: subprocess.CompletedProcess) -> str:
+    return f"exit code {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-8000:]}"
+
+
+def _git_repo_with_a_commit(path: Path) -> bool:
+    """Make ``path`` a repository with one commit, as a user's project holding a venv would be."""
+    if shutil.which("git") is None:
+        return False
+    (path / "README").write_text("a user's project\n")
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "README"], ["commit", "-q", "-m", "init"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    return True
+
+
+@dataclass
+class Installed:
+    venv: Path
+    package_dir: Path  # fsdp_workflow/ inside the venv's site-packages
+    torchrun_log: Path  # one line per torchrun start: the fsdp_workflow its interpreter imports
+    inside_git_repo: bool
+
+    @property
+    def cli(self) -> Path:
+        return self.venv / "bin" / "fsdp-workflow"
+
+
+def _add_torchrun(venv: Path, log: Path) -> None:
+    """Write the ``torchrun`` that ``pip install torch`` would put in this venv.
+
+    torch comes from the system here, so the venv has no console script of its own.
+    This one also logs which fsdp_workflow its interpreter imports: torchrun starts
+    the ranks with its own interpreter, so that is the package the ranks run.
+    """
+    (ep,) = [e for e in metadata.distribution("torch").entry_points if e.name == "torchrun"]
+    module, func = ep.value.split(":")
+    script = venv / "bin" / "torchrun"
+    script.write_text(
+        f"#!{venv / 'bin' / 'python'}\n"
+        "import sys\nimport fsdp_workflow\n"
+        f"with open({str(log)!r}, 'a') as f:\n    f.write(fsdp_workflow.__file__ + '\\n')\n"
+        f"from {module} import {func}\nsys.exit({func}())\n"
+    )
+    script.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A venv (inside a user's git repository) with a regular install of this checkout."""
+    root = tmp_path_factory.mktemp("install")
+    in_repo = _git_repo_with_a_commit(root)
+    src = _copy_source(root / "src")
+    venv = root / "venv"
+    # No pip of its own: the system's pip (and setuptools, for the build) are seen through
+    # the system site-packages and install into this venv's prefix.
+    res = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], cwd=root)
+    assert res.returncode == 0, _explain(res)
+    probe = _run([venv / "bin" / "python", "-c", "import setuptools, torch, transformers, hydra, pip"], cwd=root)
+    if probe.returncode != 0:
+        pytest.skip("a --system-site-packages venv of this interpreter cannot import pip, setuptools, torch, "
+                    f"transformers and hydra (is pytest running inside a venv?):\n{probe.stderr[-2000:]}")
+    res = _run([venv / "bin" / "python", "-m", "pip", "install", *PIP_OFFLINE, src], cwd=root, timeout_s=300)
+    assert res.returncode == 0, _explain(res)
+    res = _run([venv / "bin" / "python", "-c", "import fsdp_workflow; print(fsdp_workflow.__file__)"], cwd=root)
+    assert res.returncode == 0, _explain(res)
+    package_dir = Path(res.stdout.strip()).parent
+    log = root / "torchrun_imports.txt"
+    _add_torchrun(venv, log)
+    return Installed(venv=venv, package_dir=package_dir, torchrun_log=log, inside_git_repo=in_repo)
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """A working directory that is neither the checkout nor holds any config."""
+    d = tmp_path / "elsewhere"
+    d.mkdir()
+    return d
+
+
+@pytest.mark.slow
+def test_the_install_is_regular_and_shadows_the_editable_checkout(installed: Installed) -> None:
+    assert installed.package_dir.is_relative_to(installed.venv), installed.package_dir
+    assert not installed.package_dir.is_relative_to(ROOT), "imported the checkout, not the install"
+    assert (installed.package_dir / "conf" / "config.yaml").is_file()
+    assert installed.cli.is_file()
+
+
+@pytest.mark.slow
+def test_dry_run_from_another_directory_uses_the_packaged_config(installed: Installed, elsewhere: Path,
+                                                                 tmp_path: Path) -> None:
+    run_dir = tmp_path / "plan"
+    res = _run([installed.cli, "dry_run=true", f"run_dir={run_dir}"], cwd=elsewhere)
+    assert res.returncode == 0, _explain(res)
+    for name in RUN_FILES:
+        assert (run_dir / name).is_file(), f"{name} missing from the dry run"
+    cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    corpus = installed.package_dir / "assets" / "smoke" / "corpus.txt"
+    assert cfg["data"]["path"] == str(corpus) and corpus.is_file()
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    # The venv sits in a user's repository: its revision is not the package's.
+    assert prov["git_revision"] == "unknown", (prov, installed.inside_git_repo)
+    assert "fatal:" not in res.stderr, res.stderr  # no noise from git either
+    assert list(elsewhere.iterdir()) == [], "the command left files in the working directory"
+
+
+@pytest.mark.slow
+def test_a_user_experiment_outside_the_package_through_hydra_searchpath(installed: Installed, elsewhere: Path,
+                                                                        tmp_path: Path) -> None:
+    conf = tmp_path / "my_conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "my_smoke.yaml").write_text(USER_EXPERIMENT)
+    run_dir = tmp_path / "plan"
+    res = _run([installed.cli, f"hydra.searchpath=[file://{conf}]", "+experiment=my_smoke", "dry_run=true",
+                f"run_dir={run_dir}"], cwd=elsewhere)
+    assert res.returncode == 0, _explain(res)
+    cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    assert cfg["name"] == "my_smoke"
+    assert cfg["optimizer"]["name"] == "sgd"
+    assert (cfg["train"]["max_steps"], cfg["checkpoint"]["every_steps"]) == (6, 3)
+    assert cfg["cluster"]["processes_per_node"] == 2  # the rest is the packaged smoke experiment's
+
+
+@pytest.mark.slow
+def test_smoke_training_runs_from_the_installed_package(installed: Installed, elsewhere: Path,
+                                                        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    installed.torchrun_log.unlink(missing_ok=True)
+    res = _run([installed.cli, f"run_dir={run_dir}", "train.max_steps=4", "checkpoint.every_steps=2"],
+               cwd=elsewhere, timeout_s=600)
+    assert res.returncode == 0, _explain(res)
+    hf_model = run_dir / "hf_model"
+    assert (hf_model / "config.json").is_file(), _explain(res)
+    assert list(hf_model.glob("*.safetensors")), sorted(p.name for p in hf_model.iterdir())
+    # The ranks ran the installed package, though the venv was never activated.
+    assert installed.torchrun_log.is_file(), "the venv's torchrun never ran: " + _explain(res)
+    imported = installed.torchrun_log.read_text().split()
+    assert imported and all(Path(p).is_relative_to(installed.package_dir) for p in imported), imported
+
+
+def test_the_wheel_carries_every_config_file_and_asset(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path / "src")
+    res = _run([sys.executable, "-m", "pip", "wheel", *PIP_OFFLINE, "-w", tmp_path / "wheel", src],
+               cwd=tmp_path, timeout_s=300)
+    assert res.returncode == 0, _explain(res)
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    expected: List[str] = []
+    for sub, pattern in (("conf", "*.yaml"), ("assets", "*")):
+        base = ROOT / PACKAGE / sub
+        expected += [p.relative_to(ROOT).as_posix() for p in base.rglob(pattern) if p.is_file()]
+    assert f"{PACKAGE}/conf/config.yaml" in expected
+    missing = sorted(set(expected) - names)
+    assert not missing, (
+        f"{wheel.name} lacks {missing}: widen [tool.setuptools.package-data] in pyproject.toml "
+        "so every file under fsdp_workflow/conf and fsdp_workflow/assets is package data."
+    )
