@@ -6,7 +6,9 @@ Usage::
     python -m fsdp_workflow.consolidate ckpt/pytorch_model_fsdp_0 out --dtype bf16 --reference base-model/
     python -m fsdp_workflow.consolidate RUN_DIR/checkpoints out --average-last 3
 
-Exit status: 0 on success, 2 on a user error (message on stderr, no traceback).
+Exit status: 0 on success, 2 on a user error (message on stderr, no traceback): a bad
+option value, a missing or incomplete checkpoint, an OUT that exists, ``--remove-sharded``
+with ``--no-verify``.
 """
 
 from __future__ import annotations
@@ -42,18 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", help="DCP dir, or a run dir / checkpoints dir / checkpoint-N / Accelerate output above one")
     p.add_argument("out", help="output directory (must not exist)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep stored dtype)")
-    p.add_argument("--max-shard-size", default="5GB", help="split output files past this size (default 5GB)")
+    p.add_argument("--max-shard-size", default="5GB", help="split output files past this size: 5GB, 500MB, 1TB, 2GiB or a byte count (default 5GB)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--step", type=int, help="use step N (default: the latest)")
-    g.add_argument("--average-last", type=int, metavar="K", help="average the last K steps (fp32 accumulation)")
+    g.add_argument("--step", type=int, help="use step N (default: the newest complete one)")
+    g.add_argument("--average-last", type=int, metavar="K", help="average the last K complete steps (fp32 accumulation)")
     g.add_argument("--steps", type=_int_list, help="average these steps, e.g. 10,20")
-    p.add_argument("--weights", type=_float_list, help="averaging weights, one per step, e.g. 0.25,0.75")
+    p.add_argument("--weights", type=_float_list, help="averaging weights, one per step, e.g. 0.25,0.75 (with --steps or --average-last)")
     p.add_argument("--subtree", help="take weights from this key root or subdirectory, e.g. ema")
     p.add_argument("--reference", help="HF model dir with config.json/tokenizer (default: found beside the checkpoint)")
-    p.add_argument("--remove-sharded", action="store_true", help="delete the source DCP dir(s) after verification passed")
+    p.add_argument("--remove-sharded", action="store_true", help="delete the source DCP dir(s) after verification passed (not with --no-verify)")
     p.add_argument("--no-verify", action="store_true", help="skip verification (checksums, equality, architecture)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--workers", type=int, help="copy/verify threads")
+    p.add_argument("--workers", type=int, help="copy/verify threads, at least 1 (default min(8, 2 x CPUs))")
     return p
 
 

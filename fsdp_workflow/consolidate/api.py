@@ -17,9 +17,10 @@ from .casting import CLI_DTYPES, FLOAT_NAMES
 from .errors import ConsolidationError
 from .hf_assets import copy_assets, dominant_float_dtype, fixed_architectures, read_config, write_config
 from .layout import resolve
+from .options import check_options
 from .reader import DcpCheckpoint
 from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
-from .writer import OutTensor, StreamingWriter, parse_size, plan_files, source_digest
+from .writer import OutTensor, StreamingWriter, plan_files, source_digest
 
 TIED_OUTPUT_NAMES = ("lm_head.weight", "embed_out.weight")
 TIED_INPUT_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
@@ -75,15 +76,18 @@ def consolidate(
         out: Output directory; must not exist. Written as a temporary sibling and renamed.
         dtype: ``None`` keeps stored dtypes; ``"bf16"``, ``"fp16"`` or ``"fp32"`` casts
             floating tensors only.
-        max_shard_size: Split output files past this size (``"5GB"``, bytes as int).
-        step: Pick step N from a directory of ``step-N`` checkpoints (default: latest).
-        average_last: Average the last K steps.
+        max_shard_size: Split output files past this size (``"5GB"``, ``"1TB"``, ``"2GiB"``,
+            bytes as int), parsed by :func:`fsdp_workflow.config.sizes.parse_size`.
+        step: Pick step N from a directory of ``step-N`` checkpoints (default: the newest
+            one with ``.metadata``; newer incomplete ones are skipped with a note).
+        average_last: Average the last K complete steps.
         steps: Average these steps.
         weights: Weights for averaging (normalised to sum to 1; default equal).
         subtree: A key root (``"ema"``) or a subdirectory name to take weights from.
         reference: HF model dir for config/tokenizer; found automatically when the
             checkpoint sits in a run dir with ``hf_assets/`` or beside ``config.json``.
-        remove_sharded: Delete the source DCP directories after verification passed.
+        remove_sharded: Delete the source DCP directories after verification passed
+            (refused with ``verify=False``).
         verify: Run verification (checksums, equality, architecture, loading).
         progress: Show a tqdm progress bar on stderr.
         workers: Copy/verify threads (default ``min(8, 2 * cpu_count)``).
@@ -94,22 +98,18 @@ def consolidate(
         ``OUT/verification.json``.
 
     Raises:
-        ConsolidationError: For anything the user can fix; nothing is left at ``out``.
+        ConsolidationError: For anything the user can fix (bad options are all reported
+            at once, see :mod:`.options`); nothing is left at ``out``.
     """
     t0 = time.time()
     out = Path(out)
-    if out.exists():
-        raise ConsolidationError(f"{out}: output path already exists; choose a new OUT or delete it first (it is never overwritten)")
-    out_dtype = None
-    if dtype is not None:
-        if dtype not in CLI_DTYPES:
-            raise ConsolidationError(f"--dtype {dtype!r}: choose one of bf16, fp16, fp32 (or leave it out to keep stored dtypes)")
-        out_dtype = CLI_DTYPES[dtype]
-    max_bytes = parse_size(max_shard_size)
-    if max_bytes <= 0:
-        raise ConsolidationError(f"--max-shard-size {max_shard_size!r}: must be positive, e.g. 5GB")
+    max_bytes = check_options(out, dtype=dtype, max_shard_size=max_shard_size, step=step, average_last=average_last,
+                              steps=steps, weights=weights, remove_sharded=remove_sharded, verify=verify, workers=workers)
+    out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
     res = resolve(Path(src), step=step, average_last=average_last, steps=steps, subtree=subtree,
                   reference=Path(reference) if reference else None)
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
     if res.reference is not None and not (res.reference / "config.json").is_file():
         raise ConsolidationError(f"--reference {res.reference}: no config.json there; point at a Hugging Face model directory")
     ckpts = _open_checkpoints(res, out)
@@ -163,15 +163,10 @@ def consolidate(
         if len(files) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": {t.name: files[t.file_index].name for t in tensors}}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        verification: dict[str, Any] = {"ok": True, "errors": [], "notes": list(arch_notes), "layout": res.layout}
+        verification: dict[str, Any] = {"ok": True, "errors": [], "notes": [*res.notes, *arch_notes], "layout": res.layout}
         if res.layout == "deepspeed":
             verification["deepspeed"] = [c.describe() for c in ckpts]  # type: ignore[attr-defined]
-        meta_pt = res.dcp_dirs[-1] / "meta.pt"
-        if meta_pt.is_file():
-            from .metadata import load_meta_pt
-
-            info = load_meta_pt(meta_pt)
-            verification["meta_pt"] = {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))}
+        _read_meta_pt(res.dcp_dirs[-1] / "meta.pt", verification)
         sizes: dict[str, int] = {}
         for t in tensors:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes
@@ -216,6 +211,23 @@ def consolidate(
             shutil.rmtree(d)
     return ConsolidationResult(out, len(tensors), total, [f.name for f in files], res.layout, res.dcp_dirs,
                                verification, time.time() - t0)
+
+
+def _read_meta_pt(path: Path, verification: dict[str, Any]) -> None:
+    """Report Lightning/NeMo ``meta.pt`` values; it is optional, so one that cannot be read becomes a note."""
+    if not path.is_file():
+        return
+    from .metadata import load_meta_pt
+
+    try:
+        info = load_meta_pt(path)
+    except (ConsolidationError, OSError) as exc:  # refused or unreadable: the weights do not depend on it
+        verification["notes"].append(
+            f"{path}: could not be read, so it was skipped ({exc}). It is optional trainer metadata (step, "
+            "hyper-parameters); the weights come from '.metadata' and the .distcp shards. Nothing in it was executed."
+        )
+        return
+    verification["meta_pt"] = {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))}
 
 
 def _open_checkpoints(res: Any, out: Path) -> list[Any]:

@@ -13,3 +13,7 @@ class ConsolidationError(ValueError):
 
 class UnsafeCheckpointError(ConsolidationError):
     """A pickle in the checkpoint references something outside the allowed set."""
+
+
+class IncompleteCheckpointError(ConsolidationError):
+    """A checkpoint directory whose save did not finish: no ``.metadata`` (DCP writes it last)."""

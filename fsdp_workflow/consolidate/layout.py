@@ -11,7 +11,10 @@ Layouts recognised, from a path given at any level:
 * DeepSpeed ``save_checkpoint``: ``latest`` + ``global_stepN/*_model_states.pt`` (layout
   ``deepspeed``; the "DCP dir" is then the tag directory, read by :mod:`.deepspeed`).
 
-Unfinished saves (``step-N.tmp*``) never match the step pattern and are ignored.
+Unfinished saves (``step-N.tmp*``) never match the step pattern and are ignored. A ``step-N``
+without ``.metadata`` (a crashed save renamed anyway, a copy still in progress) is skipped,
+with a note, when the newest step is chosen by default; named with ``--step`` or ``--steps``
+it is an error.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .deepspeed import find_deepspeed_dir
-from .errors import ConsolidationError
+from .errors import ConsolidationError, IncompleteCheckpointError
 
 STEP_RE = re.compile(r"(?:step|checkpoint|global_step|iter|epoch=\d+-step)[-_=]?(\d+)")
 _MODEL_DIR_RE = re.compile(r"pytorch_model_fsdp_(\d+)")
@@ -81,7 +84,7 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
     if ds is not None:
         return ds, "deepspeed", subtree
     if d.is_dir() and any(d.glob("*.distcp")):
-        raise ConsolidationError(
+        raise IncompleteCheckpointError(
             f"{d / '.metadata'}: missing DCP metadata file beside {len(list(d.glob('*.distcp')))} .distcp shard(s); "
             "the save did not finish (DCP writes '.metadata' last). Use an earlier, complete checkpoint."
         )
@@ -91,31 +94,87 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
         return sub, ("dcp-subdir" if kind == "dcp" else kind), key
     if candidates:
         raise ConsolidationError(f"{d}: several DCP checkpoints inside: {sorted(candidates)}; pass --subtree NAME to pick one")
-    raise ConsolidationError(
+    raise IncompleteCheckpointError(
         f"{d}: no DCP checkpoint found (no '.metadata' here, nor in pytorch_model_fsdp_0/, weights/ or a step-N/ "
         f"subdirectory). Subdirectories present: {_subdirs(d) or 'none'}. Point SRC at a directory containing '.metadata'."
     )
 
 
-def _pick_steps(steps_found: dict[int, Path], where: Path, step: int | None, average_last: int | None,
-                steps: list[int] | None) -> list[int]:
-    avail = sorted(steps_found)
+def _open_step(d: Path, subtree: str | None) -> tuple[Path, str, str | None] | None:
+    """:func:`find_dcp_dir` for a step directory, or None when its save is unfinished (no ``.metadata``)."""
+    try:
+        return find_dcp_dir(d, subtree)
+    except IncompleteCheckpointError:
+        return None
+
+
+def _complete(found: dict[int, Path], subtree: str | None) -> list[int]:
+    """The steps that hold a checkpoint that can be read (for error messages)."""
+    out = []
+    for s in sorted(found):
+        try:
+            if _open_step(found[s], subtree) is not None:
+                out.append(s)
+        except ConsolidationError:
+            pass
+    return out
+
+
+def _missing_metadata(d: Path) -> Path:
+    """The ``.metadata`` an incomplete step lacks: beside its ``.distcp`` files, else at its top."""
+    for cand in [d, *sorted(c for c in d.iterdir() if c.is_dir())]:
+        if any(cand.glob("*.distcp")):
+            return cand / ".metadata"
+    return d / ".metadata"
+
+
+def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: int | None,
+                average_last: int | None, steps: list[int] | None) -> tuple[list[int], list[tuple], list[str]]:
+    """Return (steps, find_dcp_dir result per step, notes); the default is the newest *complete* step."""
+    avail = sorted(found)
     if not avail:
         raise ConsolidationError(f"{where}: no step-N / checkpoint-N directories (found: {_subdirs(where) or 'nothing'})")
-    if steps:
-        missing = [s for s in steps if s not in steps_found]
+    if steps or step is not None:
+        flag, wanted = ("--steps", list(steps)) if steps else ("--step", [step])
+        missing = [s for s in wanted if s not in found]
         if missing:
-            raise ConsolidationError(f"--steps {missing}: not found in {where}; available steps are {avail}")
-        return list(steps)
-    if average_last:
-        if average_last > len(avail):
-            raise ConsolidationError(f"--average-last {average_last}: only {len(avail)} steps in {where} ({avail})")
-        return avail[-average_last:]
-    if step is not None:
-        if step not in steps_found:
-            raise ConsolidationError(f"--step {step}: not found in {where}; available steps are {avail}")
-        return [step]
-    return [avail[-1]]
+            shown = missing if steps else step
+            raise ConsolidationError(f"{flag} {shown}: not found in {where}; available steps are {avail}")
+        picked = [_open_step(found[s], subtree) for s in wanted]
+        for s, hit in zip(wanted, picked):
+            if hit is None:
+                raise IncompleteCheckpointError(
+                    f"{flag} {s}: {_missing_metadata(found[s])} is missing, so {found[s]} is not a complete checkpoint "
+                    "(DCP writes '.metadata' last: the save did not finish, or a copy is still in progress). "
+                    f"Pick a complete step ({_complete(found, subtree) or 'none'}) or wait for the copy to finish."
+                )
+        return wanted, picked, []
+    want = average_last or 1
+    chosen: list[int] = []
+    picked, skipped = [], []
+    for s in reversed(avail):
+        hit = _open_step(found[s], subtree)
+        if hit is None:
+            skipped.append(s)
+            continue
+        chosen.insert(0, s)
+        picked.insert(0, hit)
+        if len(chosen) == want:
+            break
+    if not chosen:
+        raise IncompleteCheckpointError(
+            f"{where}: no complete checkpoint: every step directory lacks '.metadata' "
+            f"({', '.join(str(_missing_metadata(found[s])) for s in sorted(skipped))} missing). DCP writes '.metadata' "
+            "last, so these saves did not finish or are still being copied; wait for a save to finish or point "
+            "SRC at a finished checkpoint."
+        )
+    if len(chosen) < want:
+        raise ConsolidationError(f"--average-last {average_last}: only {len(chosen)} steps in {where} are complete ({chosen})"
+                                 + (f"; incomplete (no '.metadata'): {sorted(skipped)}" if skipped else ""))
+    using = f"step {chosen[-1]}, the newest complete step" if want == 1 else f"the newest complete steps {chosen}"
+    notes = [f"{found[s]}: skipped, {_missing_metadata(found[s])} is missing (an unfinished save or a copy in "
+             f"progress); using {using}" for s in skipped]
+    return chosen, picked, notes
 
 
 def _find_reference(start: Path, stop_levels: int = 4) -> Path | None:
@@ -151,6 +210,12 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
     if container is None:
         if multi:
             raise ConsolidationError(f"{src}: --average-last/--steps need a directory of step-N checkpoints, but this is a single checkpoint")
+        own = STEP_RE.fullmatch(src.name)
+        if step is not None and not (own and int(own.group(1)) == step):
+            raise ConsolidationError(
+                f"--step {step}: {src} is a single checkpoint{f' (step {own.group(1)})' if own else ''}, not a directory "
+                f"of step-N checkpoints; point SRC at the directory holding step-{step}/, or drop --step"
+            )
         dcp_dir, kind, key = find_dcp_dir(src, subtree)
         if STEP_RE.fullmatch(src.name) and kind == "dcp" and (src.parent.name == "checkpoints"):
             kind = "project"
@@ -159,11 +224,9 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
         ref = reference or _find_reference(dcp_dir)
         m = STEP_RE.fullmatch(src.name)
         return Resolved(kind, [dcp_dir], [int(m.group(1)) if m else None], ref, key)
-    found = _steps_in(container)
-    chosen = _pick_steps(found, container, step, average_last, steps)
+    chosen, picked, notes = _pick_steps(_steps_in(container), container, subtree, step, average_last, steps)
     dirs, kinds, key = [], set(), None
-    for s in chosen:
-        d, kind, key = find_dcp_dir(found[s], subtree)
+    for d, kind, key in picked:
         dirs.append(d)
         kinds.add(kind)
     if "deepspeed" in kinds:
@@ -173,4 +236,4 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
         if layout == "dcp" and container.name == "checkpoints":
             layout = "project"
     ref = reference or _find_reference(dirs[-1])
-    return Resolved(layout, dirs, chosen, ref, key)
+    return Resolved(layout, dirs, chosen, ref, key, notes)

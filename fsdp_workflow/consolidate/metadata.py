@@ -216,6 +216,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file)
         self.source = source
         self.lenient = lenient
+        self.placeholders: list[str] = []  # unknown globals replaced in lenient mode
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "__builtin__":  # protocol-2 spelling
@@ -227,6 +228,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and (name in DTYPES or name in _DTYPE_ALIASES):
             return DType(_DTYPE_ALIASES.get(name, name))
         if self.lenient:
+            self.placeholders.append(f"{module}.{name}")
             return _Opaque(f"{module}.{name}")
         raise UnsafeCheckpointError(
             f"{self.source}: refusing to unpickle global '{module}.{name}'. Only DCP metadata classes, "
@@ -249,11 +251,18 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def restricted_loads(data: bytes, source: str, lenient: bool = False) -> Any:
     """Unpickle ``data`` with :class:`RestrictedUnpickler`."""
+    unpickler = RestrictedUnpickler(io.BytesIO(data), source, lenient)
     try:
-        return RestrictedUnpickler(io.BytesIO(data), source, lenient).load()
+        return unpickler.load()
     except UnsafeCheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt file
+        if unpickler.placeholders:  # a class it references could not be stood in for (e.g. a dataclass's __new__)
+            names = sorted(set(unpickler.placeholders))[:5]
+            raise UnsafeCheckpointError(
+                f"{source}: cannot rebuild the pickled objects: they reference classes outside the allow-list "
+                f"({', '.join(names)}), which are never imported ({type(exc).__name__}: {exc})"
+            ) from None
         raise ConsolidationError(f"{source}: cannot parse pickle ({type(exc).__name__}: {exc}); the file is corrupt or truncated") from None
 
 

@@ -72,18 +72,6 @@ class OutFile:
     size: int = 0
 
 
-def parse_size(value: str | int) -> int:
-    """Parse ``"5GB"``, ``"500MB"``, ``"2GiB"`` or an int (bytes), as transformers does."""
-    if isinstance(value, int):
-        return value
-    s = value.strip().upper()
-    units = [("GIB", 1 << 30), ("MIB", 1 << 20), ("KIB", 1 << 10), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("B", 1)]
-    for suffix, mult in units:
-        if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * mult)
-    return int(s)
-
-
 def plan_files(tensors: list[OutTensor], max_shard_bytes: int) -> list[OutFile]:
     """Split tensors into safetensors files (greedy, like ``save_pretrained``) and lay out headers."""
     groups: list[list[OutTensor]] = [[]]

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from fsdp_workflow.config.sizes import parse_size
+from fsdp_workflow.consolidate import writer
 from fsdp_workflow.consolidate.casting import cast_bytes
 from fsdp_workflow.consolidate.errors import ConsolidationError, UnsafeCheckpointError
 from fsdp_workflow.consolidate.keys import fix_architecture, map_keys
 from fsdp_workflow.consolidate.metadata import restricted_loads
 from fsdp_workflow.consolidate.reader import Chunk, chunk_runs
-from fsdp_workflow.consolidate.writer import parse_size
 from fsdp_workflow.consolidate.zipchunk import locate_chunk
 
 
@@ -51,9 +52,13 @@ def test_architecture_prefix_is_removed_not_lstripped(name, want):
     assert fix_architecture(name) == want
 
 
-def test_parse_size():
+def test_parse_size_is_the_shared_config_parser():
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 << 30 and parse_size("100KB") == 100_000
-    assert parse_size(123) == 123
+    assert parse_size("1TB") == 10**12 and parse_size("500MB") == 500 * 10**6 and parse_size(123) == 123
+    assert not hasattr(writer, "parse_size")  # one parser: the planner and the consolidator agree on every value
+    for bad in ("5XB", "0", "", "GB"):
+        with pytest.raises(ValueError, match="expected 5GB, 500MB, 1TB, 2GiB or a byte count"):
+            parse_size(bad)
 
 
 @pytest.mark.parametrize("shape,offsets,sizes", [((6, 4), (2, 0), (3, 4)), ((4, 6), (0, 3), (4, 3)),
