@@ -35,7 +35,7 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyName,
     WorkflowConfig,
-    world_size,
+
 )
 
 FSDP_STRATEGIES = (StrategyName.fsdp1, StrategyName.fsdp2)
@@ -92,7 +92,6 @@ def accelerate_env(cfg: WorkflowConfig) -> Dict[str, str]:
     }
     if is_fsdp(s.name):
         env.update(_fsdp_env(cfg))
-        env.update(_parallelism_env(cfg))
     elif is_deepspeed(s.name):
         env.update(_deepspeed_env(cfg))
     return env
@@ -112,7 +111,10 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
         )
     elif s.auto_wrap_policy == AutoWrapPolicy.SIZE_BASED_WRAP:
         env["FSDP_MIN_NUM_PARAMS"] = str(s.min_num_params or 0)
-    env["FSDP_STATE_DICT_TYPE"] = s.state_dict_type.value
+    # Not a knob: the trainer always writes sharded DCP checkpoints (get_state_dict +
+    # dcp.save) and the consolidation step writes the full model; this only keeps
+    # Accelerate's plugin from defaulting FSDP1 to FULL_STATE_DICT.
+    env["FSDP_STATE_DICT_TYPE"] = "SHARDED_STATE_DICT"
     if version == 2:
         # FSDP2 expresses the sharding strategy as a bool; the FSDP1-only
         # knobs below are ignored or rejected by the FSDP2 plugin.
@@ -130,23 +132,6 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
     return env
 
 
-def _parallelism_env(cfg: WorkflowConfig) -> Dict[str, str]:
-    """Accelerate's ``ParallelismConfig`` variables, only when TP or CP is on (FSDP2)."""
-    s = cfg.strategy
-    tp, cp = s.tensor_parallel_size, s.context_parallel_size
-    if tp <= 1 and cp <= 1:
-        return {}
-    world = world_size(cfg)
-    return {
-        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
-        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1",
-        "PARALLELISM_CONFIG_DP_SHARD_SIZE": str(world // (tp * cp)),
-        "PARALLELISM_CONFIG_TP_SIZE": str(tp),
-        "PARALLELISM_CONFIG_CP_SIZE": str(cp),
-        "PARALLELISM_CONFIG_CP_BACKEND": "torch",
-    }
-
-
 def _deepspeed_env(cfg: WorkflowConfig) -> Dict[str, str]:
     s = cfg.strategy
     stage = s.zero_stage if s.zero_stage is not None else deepspeed_stage(s.name)
@@ -161,7 +146,6 @@ def _deepspeed_env(cfg: WorkflowConfig) -> Dict[str, str]:
         env["ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH"] = str(s.offload_nvme_path)
     # Accelerate warns and resets the flag below stage 3; write what takes effect.
     env["ACCELERATE_DEEPSPEED_ZERO3_INIT"] = _flag(s.zero3_init_flag and stage == 3)
-    env["ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"] = _flag(s.zero3_save_16bit_model)
     # "0.0" is falsy after float(): DeepSpeed's config then carries no clipping.
     clip = cfg.optimizer.max_grad_norm
     env["ACCELERATE_GRADIENT_CLIPPING"] = repr(float(clip)) if clip else "0.0"

@@ -35,10 +35,17 @@ def to_typed(cfg: DictConfig) -> WorkflowConfig:
     """Resolve interpolations and convert to the typed dataclass tree.
 
     Raises:
+        ConfigError: a key the schema does not know (e.g. added with ``+``).
         omegaconf.errors.OmegaConfBaseException: on a missing mandatory value or a
             type error; the CLI turns these into a message naming the key.
     """
+    from fsdp_workflow.config.errors import ConfigError
+    from fsdp_workflow.config.keys import composed_key_issues
+
     register_resolvers()
+    unknown = composed_key_issues(cfg)
+    if unknown:  # to_object would drop them without a word
+        raise ConfigError(unknown)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, WorkflowConfig):  # composed without the schema: merge it in
         merged = OmegaConf.merge(OmegaConf.structured(WorkflowConfig), cfg)
@@ -66,13 +73,51 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
     return to_typed(OmegaConf.merge(schema, OmegaConf.load(path)))
 
 
-def normalize_overrides(overrides: Sequence[str]) -> List[str]:
-    """``+experiment=X`` and ``experiment=X`` both select an experiment.
+DEFAULT_EXPERIMENT = "smoke"
+# Overrides that say where and how to plan, not what to run: a command holding
+# only these is still "the bare command" and gets the smoke experiment.
+_RUN_LEVEL_KEYS = ("run_dir", "dry_run")
 
-    The root config's defaults list holds ``experiment: smoke`` so that a bare
-    command is the smoke run; Hydra would refuse to *append* a second one.
+
+def _names_config(override: str) -> bool:
+    """True when an override selects a group or sets a key of the config."""
+    if override.startswith("-") or ("=" not in override and not override.startswith("~")):
+        return False  # a flag (--cfg, -m) or a flag's value (job, hydra)
+    key = override.lstrip("~+").split("=", 1)[0]
+    return not (key.startswith("hydra.") or key == "hydra" or key in _RUN_LEVEL_KEYS)
+
+
+def normalize_overrides(overrides: Sequence[str]) -> List[str]:
+    """Spell the experiment override one way and pick the default experiment.
+
+    - ``+experiment=X`` and ``experiment=X`` both select an experiment (the root
+      defaults list holds an ``experiment`` slot, so Hydra would refuse to append).
+    - ``experiment=null`` means no experiment, like ``~experiment``.
+    - A bare command (nothing but ``run_dir``/``dry_run``/``hydra.*`` and flags) is
+      the smoke run; a command that names any group or key gets the base defaults,
+      so smoke's CPU/tiny values never leak into a hand-composed run.
     """
-    return ["experiment=" + o.split("=", 1)[1] if o.startswith("+experiment=") else o for o in overrides]
+    out: List[str] = []
+    for o in overrides:
+        if o.startswith("+experiment="):
+            o = o[1:]
+        if o.startswith("experiment=") and o.split("=", 1)[1].strip().lower() in ("null", "none", "~", ""):
+            o = "~experiment"
+        out.append(o)
+    if not any(_names_config(o) for o in out):
+        out.insert(0, f"experiment={DEFAULT_EXPERIMENT}")  # before any flag: argparse wants overrides together
+    return out
+
+
+def experiment_selected(overrides: Sequence[str]) -> Optional[str]:
+    """The experiment a normalised override list selects, or None for the base defaults."""
+    chosen: Optional[str] = None
+    for o in overrides:
+        if o.startswith("experiment="):
+            chosen = o.split("=", 1)[1]
+        elif o == "~experiment" or o.startswith("~experiment="):
+            chosen = None
+    return chosen
 
 
 def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from typing import List, Optional
 
-from fsdp_workflow.config.accelerate_env import is_fsdp
 from fsdp_workflow.config.schema import (
     ClusterKind,
     ContainerRuntime,
     DataSource,
     ModelInit,
-    StateDictType,
     WorkflowConfig,
 )
+from fsdp_workflow.config.sizes import SIZE_EXAMPLES, parse_size
 from fsdp_workflow.config.validate import Rule, ValidationReport
 
-SIZE_RE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*$", re.IGNORECASE)
 _GLOB_CHARS = set("*?[")
 
 
@@ -152,26 +149,43 @@ def check_checkpoint(cfg: WorkflowConfig, r: ValidationReport) -> None:
                         "the checkpoint to resume from (expected auto, none or a checkpoints/step-N directory)")
 
 
+def _inside(path: str, parent: str) -> bool:
+    a, b = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(parent))
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+
+def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """The consolidated model must not land where the trainer or pruning writes."""
+    out = cfg.consolidate.output_dir
+    if out is None or not cfg.consolidate.enabled:
+        return
+    run_dir = str(cfg.run_dir)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    if not out.strip():
+        why = "an empty path"
+    elif _inside(out, checkpoints):
+        why = f"inside the checkpoint directory {checkpoints}: pruning and resume read every entry there"
+    elif _inside(run_dir, out):
+        why = "the run directory itself (or a parent of it): the consolidator refuses an existing output directory"
+    elif os.path.exists(os.path.expanduser(out)):
+        why = "already exists: the consolidator never overwrites a model directory, so the job would fail after training"
+    else:
+        return
+    r.error("consolidate.output_dir", out, why,
+            "consolidate.output_dir=null (RUN_DIR/hf_model), or a new directory outside RUN_DIR/checkpoints")
+
+
 def check_consolidate(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Consolidation needs a sharded checkpoint it can read, and a parseable shard size."""
-    cs, ck, s = cfg.consolidate, cfg.checkpoint, cfg.strategy
-    if not SIZE_RE.match(str(cs.max_shard_size)):
-        r.error(
-            "consolidate.max_shard_size", cs.max_shard_size,
-            "expected a size like 5GB, 500MB or 2GiB",
-            "consolidate.max_shard_size=5GB",
-        )
+    cs, ck = cfg.consolidate, cfg.checkpoint
+    try:
+        parse_size(cs.max_shard_size)
+    except ValueError as err:
+        r.error("consolidate.max_shard_size", cs.max_shard_size, str(err).split(" (")[0] + f"; expected {SIZE_EXAMPLES}",
+                "consolidate.max_shard_size=5GB")
+    _check_output_dir(cfg, r)
     if not cs.enabled:
         return
-    if is_fsdp(s.name) and s.state_dict_type != StateDictType.SHARDED_STATE_DICT:
-        why = ("LOCAL_STATE_DICT holds per-rank flat parameters no reader can reassemble"
-               if s.state_dict_type == StateDictType.LOCAL_STATE_DICT
-               else "FULL_STATE_DICT writes the whole model from rank 0, not the DCP shards the consolidator reads")
-        r.error(
-            "strategy.state_dict_type", s.state_dict_type,
-            f"consolidation is on, but {why}",
-            "strategy.state_dict_type=SHARDED_STATE_DICT (or consolidate.enabled=false)",
-        )
     if ck.every_steps == 0 and not ck.save_final:
         r.error(
             "checkpoint.save_final", False,

@@ -16,7 +16,6 @@ from fsdp_workflow.config.schema import (
     MixedPrecision,
     OffloadDevice,
     OptimizerName,
-    StateDictType,
     StrategyConfig,
     StrategyName,
     WorkflowConfig,
@@ -28,12 +27,12 @@ BNB_8BIT = (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit)
 
 # Knobs only FSDP reads (Accelerate ignores them under DeepSpeed and DDP).
 FSDP_ONLY = (
-    "state_dict_type", "auto_wrap_policy", "min_num_params", "reshard_after_forward",
+    "auto_wrap_policy", "min_num_params", "reshard_after_forward",
     "sharding_strategy", "backward_prefetch", "forward_prefetch", "cpu_ram_efficient_loading",
     "sync_module_states", "use_orig_params",
 )
 FSDP1_ONLY = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states")
-DEEPSPEED_ONLY = ("zero3_init_flag", "zero3_save_16bit_model")
+DEEPSPEED_ONLY = ("zero3_init_flag",)
 _DEFAULTS = StrategyConfig(name=StrategyName.fsdp2)
 
 
@@ -59,12 +58,6 @@ def check_fsdp_version(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "optimizer.name", o.name,
             "bitsandbytes 8-bit AdamW cannot step FSDP2's DTensor parameters",
             "optimizer=adamw_torch_8bit (torchao's 8-bit AdamW works with DTensors)",
-        )
-    if s.state_dict_type == StateDictType.LOCAL_STATE_DICT:
-        r.error(
-            "strategy.state_dict_type", s.state_dict_type,
-            "FSDP2 has no LOCAL_STATE_DICT (Accelerate raises on it)",
-            "strategy.state_dict_type=SHARDED_STATE_DICT",
         )
     for name in _changed(s, FSDP1_ONLY):
         if name == "forward_prefetch":
@@ -146,12 +139,6 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "Accelerate's FSDP1 plugin needs an accelerator for sync_module_states (forced on by "
             "cpu_ram_efficient_loading) and raises 'no available devices' on a CPU host",
             "strategy=fsdp2 for CPU runs, or strategy.sync_module_states=false strategy.cpu_ram_efficient_loading=false",
-        )
-    if m.load_in_4bit and s.state_dict_type != StateDictType.SHARDED_STATE_DICT:
-        r.error(
-            "strategy.state_dict_type", s.state_dict_type,
-            "4-bit (QLoRA-style) weights under FSDP can only be saved as a sharded state dict",
-            "strategy.state_dict_type=SHARDED_STATE_DICT",
         )
 
 

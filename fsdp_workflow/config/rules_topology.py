@@ -22,23 +22,6 @@ from fsdp_workflow.config.schema import (
 from fsdp_workflow.config.validate import Rule, ValidationReport
 
 
-def check_counts(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Counts that must be positive."""
-    c, t = cfg.cluster, cfg.train
-    for key, value in [
-        ("cluster.nodes", c.nodes),
-        ("cluster.processes_per_node", c.processes_per_node),
-        ("strategy.tensor_parallel_size", cfg.strategy.tensor_parallel_size),
-        ("strategy.context_parallel_size", cfg.strategy.context_parallel_size),
-        ("train.max_steps", t.max_steps),
-        ("train.seq_len", t.seq_len),
-        ("train.micro_batch_size", t.micro_batch_size),
-        ("train.grad_accum_steps", t.grad_accum_steps),
-    ]:
-        if value < 1:
-            r.error(key, value, "must be at least 1", f"{key}=1 (or a larger count)")
-
-
 def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Processes per node against GPUs per node, and CPU-only combinations."""
     c = cfg.cluster
@@ -80,12 +63,6 @@ def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "strategy.name", cfg.strategy.name,
             "DeepSpeed needs GPUs: with device=cpu Accelerate ignores ACCELERATE_USE_DEEPSPEED",
             "strategy=fsdp2 for CPU runs (or cluster.device=cuda)",
-        )
-    if c.device == Device.cpu and cfg.model.load_in_4bit:
-        r.error(
-            "model.load_in_4bit", True,
-            "4-bit loading (bitsandbytes) needs a CUDA device",
-            "model.load_in_4bit=false (or cluster.device=cuda)",
         )
 
 
@@ -212,7 +189,6 @@ def check_sequence(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 RULES: List[Rule] = [
-    check_counts,
     check_devices,
     check_cluster,
     check_single_process_fsdp,

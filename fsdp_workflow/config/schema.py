@@ -19,6 +19,20 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 
+# --------------------------------------------------------------------------- bounds
+BOUNDS_KEY = "fw_bounds"
+
+
+def bounded(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None,
+            le: Optional[float] = None, lt: Optional[float] = None) -> Any:
+    """A dataclass field whose numeric range is declared beside it.
+
+    ``fsdp_workflow.config.rules_bounds`` checks every bounded field (``None``
+    always passes: it means "not set"), and ``docs/configuration.md`` lists them.
+    """
+    return field(default=default, metadata={BOUNDS_KEY: {"ge": ge, "gt": gt, "le": le, "lt": lt}})
+
+
 # --------------------------------------------------------------------------- enums
 class StrategyName(str, Enum):
     """How parameters, gradients and optimizer state are distributed."""
@@ -29,14 +43,6 @@ class StrategyName(str, Enum):
     deepspeed_zero1 = "deepspeed_zero1"
     deepspeed_zero2 = "deepspeed_zero2"
     deepspeed_zero3 = "deepspeed_zero3"
-
-
-class StateDictType(str, Enum):
-    """FSDP checkpoint layout (Accelerate's ``FSDP_STATE_DICT_TYPE``)."""
-
-    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
-    FULL_STATE_DICT = "FULL_STATE_DICT"
-    LOCAL_STATE_DICT = "LOCAL_STATE_DICT"
 
 
 class AutoWrapPolicy(str, Enum):
@@ -150,18 +156,17 @@ class ModelConfig:
     model_type: str = "llama"  # transformers model_type used for random init
     architecture: str = "LlamaForCausalLM"  # transformers class name
     decoder_layer_cls: str = "LlamaDecoderLayer"  # FSDP wrap unit / activation-checkpoint unit
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 14336
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 8
-    max_position_embeddings: int = 8192  # longest sequence the model supports, in tokens
-    rope_theta: float = 500000.0
+    vocab_size: int = bounded(32000, ge=1)
+    hidden_size: int = bounded(4096, ge=1)
+    intermediate_size: int = bounded(14336, ge=1)
+    num_hidden_layers: int = bounded(32, ge=1)
+    num_attention_heads: int = bounded(32, ge=1)
+    num_key_value_heads: int = bounded(8, ge=1)
+    max_position_embeddings: int = bounded(8192, ge=1)  # longest sequence the model supports, in tokens
+    rope_theta: float = bounded(500000.0, gt=0)
     tie_word_embeddings: bool = False
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # HF gradient checkpointing (do not combine with FSDP's)
-    load_in_4bit: bool = False  # quantized (QLoRA-style) base weights
     trust_remote_code: bool = False
     extra_config: Dict[str, Any] = field(default_factory=dict)  # more HF config fields for random init
 
@@ -174,9 +179,9 @@ class DataConfig:
     path: Optional[str] = None  # file, directory or glob; unused for synthetic
     text_field: str = "text"  # JSONL/Parquet/HF column holding the text
     eval_path: Optional[str] = None  # held-out data for perplexity; None: hold out eval_fraction
-    eval_fraction: float = 0.05  # share of documents held out when eval_path is None
+    eval_fraction: float = bounded(0.05, ge=0, lt=1)  # share of documents held out when eval_path is None
     add_eos: bool = True  # append EOS between packed documents
-    seed: int = 1234  # shuffling seed (independent of train.seed)
+    seed: int = bounded(1234, ge=0)  # shuffling seed (independent of train.seed)
 
 
 @dataclass
@@ -185,9 +190,8 @@ class StrategyConfig:
 
     name: StrategyName = MISSING
     # FSDP (1 and 2)
-    state_dict_type: StateDictType = StateDictType.SHARDED_STATE_DICT
     auto_wrap_policy: AutoWrapPolicy = AutoWrapPolicy.TRANSFORMER_BASED_WRAP
-    min_num_params: Optional[int] = None  # SIZE_BASED_WRAP threshold, in parameters
+    min_num_params: Optional[int] = bounded(None, ge=1)  # SIZE_BASED_WRAP threshold, in parameters
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (ZeRO-3 style)
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD  # FSDP1 only
     backward_prefetch: BackwardPrefetch = BackwardPrefetch.BACKWARD_PRE  # FSDP1 only
@@ -198,29 +202,28 @@ class StrategyConfig:
     sync_module_states: bool = True  # broadcast rank 0's weights (FSDP1 needs it with the above)
     use_orig_params: bool = True  # FSDP1 only
     # DeepSpeed
-    zero_stage: Optional[int] = None  # 1, 2 or 3 for the deepspeed_* strategies
+    zero_stage: Optional[int] = bounded(None, ge=1, le=3)  # 1, 2 or 3 for the deepspeed_* strategies
     offload_optimizer_device: OffloadDevice = OffloadDevice.none
     offload_param_device: OffloadDevice = OffloadDevice.none
     offload_nvme_path: Optional[str] = None  # local NVMe directory, needed when an offload device is nvme
     zero3_init_flag: bool = True  # build the model partitioned under ZeRO-3
-    zero3_save_16bit_model: bool = True  # gather a 16-bit model at save under ZeRO-3
     # parallel dimensions beyond data parallelism
-    tensor_parallel_size: int = 1
-    context_parallel_size: int = 1
+    tensor_parallel_size: int = bounded(1, ge=1)
+    context_parallel_size: int = bounded(1, ge=1)
 
 
 @dataclass
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.adamw
-    lr: float = 2.0e-5
-    weight_decay: float = 0.0
+    lr: float = bounded(2.0e-5, gt=0)
+    weight_decay: float = bounded(0.0, ge=0)
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1.0e-8
+    eps: float = bounded(1.0e-8, gt=0)
     fused: Optional[bool] = None  # None: fused where the device supports it
     scheduler: SchedulerName = SchedulerName.cosine
-    warmup_steps: int = 0  # linear warmup, in optimizer steps
-    min_lr_ratio: float = 0.0  # lr at train.max_steps as a fraction of lr (cosine/linear; 0 = HF's schedules)
-    max_grad_norm: Optional[float] = 1.0  # None disables clipping
+    warmup_steps: int = bounded(0, ge=0)  # linear warmup, in optimizer steps
+    min_lr_ratio: float = bounded(0.0, ge=0, le=1)  # lr at train.max_steps as a fraction of lr (cosine/linear; 0 = HF's schedules)
+    max_grad_norm: Optional[float] = bounded(1.0, gt=0)  # None disables clipping
 
 
 @dataclass
@@ -229,35 +232,35 @@ class ClusterConfig:
 
     kind: ClusterKind = ClusterKind.local
     device: Device = Device.cuda
-    nodes: int = 1
-    processes_per_node: int = 1  # ranks per node: GPUs per node on GPU clusters
-    gpu_mem_gb: float = 80.0  # memory of one accelerator, for the memory estimate
+    nodes: int = bounded(1, ge=1)
+    processes_per_node: int = bounded(1, ge=1)  # ranks per node: GPUs per node on GPU clusters
+    gpu_mem_gb: float = bounded(80.0, gt=0)  # memory of one accelerator, for the memory estimate
     launcher: Launcher = Launcher.torchrun
     # Slurm: training job
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
-    time_min: int = 60  # wall-clock limit of the training job, in minutes
-    mem_gb: Optional[int] = None  # memory per node, in GB (None: site default)
-    cpus_per_task: int = 8  # one task per node runs the node's launcher
-    gpus_per_node: Optional[int] = None  # None: processes_per_node when device=cuda, 0 on cpu
+    time_min: int = bounded(60, ge=1)  # wall-clock limit of the training job, in minutes
+    mem_gb: Optional[int] = bounded(None, ge=1)  # memory per node, in GB (None: site default)
+    cpus_per_task: int = bounded(8, ge=1)  # one task per node runs the node's launcher
+    gpus_per_node: Optional[int] = bounded(None, ge=0)  # None: processes_per_node when device=cuda, 0 on cpu
     constraint: Optional[str] = None
     exclusive: bool = False
     additional_parameters: Dict[str, str] = field(default_factory=dict)  # more #SBATCH key=value
     modules: List[str] = field(default_factory=list)  # environment modules loaded in every job (`module load X`)
     env_script: Optional[str] = None  # a site script sourced in every job before the step (e.g. a venv's activate)
-    signal_delay_s: int = 300  # SIGUSR2 this long before the time limit: checkpoint and requeue
-    max_requeues: int = 3  # bounded retries after preemption/timeout
-    master_port_base: int = 20000  # rendezvous port = base + job_id % port_range (below the ephemeral range)
-    port_range: int = 10000
-    rdzv_timeout_s: int = 600  # rendezvous / collective timeout: a dead node fails the step this fast
+    signal_delay_s: int = bounded(300, ge=0)  # SIGUSR2 this long before the time limit: checkpoint and requeue
+    max_requeues: int = bounded(3, ge=0)  # bounded retries after preemption/timeout
+    master_port_base: int = bounded(20000, ge=1024, le=65535)  # rendezvous port = base + job_id % port_range (below the ephemeral range)
+    port_range: int = bounded(10000, ge=1, le=64511)
+    rdzv_timeout_s: int = bounded(600, ge=1)  # rendezvous / collective timeout: a dead node fails the step this fast
     nccl_env: Dict[str, str] = field(default_factory=dict)  # NCCL_* and other presets
     log_dir: Optional[str] = None  # None: RUN_DIR/logs
     # Slurm: consolidation job (CPU only)
     consolidate_partition: Optional[str] = None  # None: partition
-    consolidate_time_min: int = 60
-    consolidate_mem_gb: int = 8
-    consolidate_cpus: int = 2
+    consolidate_time_min: int = bounded(60, ge=1)
+    consolidate_mem_gb: int = bounded(8, ge=1)
+    consolidate_cpus: int = bounded(2, ge=1)
 
 
 @dataclass
@@ -273,24 +276,24 @@ class ContainerConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1000  # optimizer steps
-    seq_len: int = 2048  # packed sequence length, in tokens
-    micro_batch_size: int = 1  # sequences per rank per forward
-    grad_accum_steps: int = 1
-    global_batch_size: Optional[int] = None  # sequences per optimizer step; checked if set
+    max_steps: int = bounded(1000, ge=1)  # optimizer steps
+    seq_len: int = bounded(2048, ge=1)  # packed sequence length, in tokens
+    micro_batch_size: int = bounded(1, ge=1)  # sequences per rank per forward
+    grad_accum_steps: int = bounded(1, ge=1)
+    global_batch_size: Optional[int] = bounded(None, ge=1)  # sequences per optimizer step; checked if set
     mixed_precision: MixedPrecision = MixedPrecision.bf16
-    seed: int = 42
-    log_every_steps: int = 10
-    eval_every_steps: int = 0  # 0: no in-loop evaluation
-    eval_batches: int = 8
+    seed: int = bounded(42, ge=0)
+    log_every_steps: int = bounded(10, ge=1)
+    eval_every_steps: int = bounded(0, ge=0)  # 0: no in-loop evaluation
+    eval_batches: int = bounded(8, ge=1)
     compile: bool = False  # torch.compile the model after wrapping
-    peak_tflops: Optional[float] = None  # per device, for MFU; None: guessed from the device name
+    peak_tflops: Optional[float] = bounded(None, gt=0)  # per device, for MFU; None: guessed from the device name
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 500  # save a sharded checkpoint every N optimizer steps; 0: only at the end
-    keep_last: int = 3  # prune older checkpoints; 0 keeps all
+    every_steps: int = bounded(500, ge=0)  # save a sharded checkpoint every N optimizer steps; 0: only at the end
+    keep_last: int = bounded(3, ge=0)  # prune older checkpoints; 0 keeps all
     async_save: bool = False  # DCP async save: the loop stalls only for the device-to-host copy
     resume: str = "auto"  # auto | none | path to a checkpoints/step-N directory
     save_final: bool = True  # checkpoint after the last step

@@ -59,14 +59,16 @@ class ValidationReport:
 
 
 Rule = Callable[[WorkflowConfig, ValidationReport], None]
+BOUNDS_WHY = "must be "  # how rules_bounds starts every out-of-range message
 
 
 def all_rules() -> List[Rule]:
     """Every rule, in the order its messages are reported."""
-    from fsdp_workflow.config import rules_run, rules_strategy, rules_topology
+    from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology
     from fsdp_workflow.container.checks import check_container_steps  # images, binds, --nv
 
-    return [*rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES, check_container_steps]
+    return [*rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
+            *rules_env.RULES, check_container_steps]
 
 
 def validate(cfg: WorkflowConfig) -> ValidationReport:
@@ -81,4 +83,8 @@ def validate(cfg: WorkflowConfig) -> ValidationReport:
     report = ValidationReport()
     for rule in all_rules():
         rule(cfg, report)
+    # One message per key: a bounds error ("must be >= 1") hides the consequences
+    # other rules draw from the same bad value.
+    out_of_bounds = {i.key for i in report.errors if i.why.startswith(BOUNDS_WHY)}
+    report.errors = [i for i in report.errors if i.key not in out_of_bounds or i.why.startswith(BOUNDS_WHY)]
     return report

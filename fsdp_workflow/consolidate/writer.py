@@ -29,7 +29,6 @@ from typing import Any, Callable
 
 from .average import accumulate
 from .casting import cast_bytes
-from .errors import ConsolidationError
 from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor, chunk_runs
 

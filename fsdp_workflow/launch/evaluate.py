@@ -49,7 +49,7 @@ def perplexity(model_dir: Path, cfg: Any) -> Optional[Dict[str, float]]:
     if held is None:
         return None
     n = min(held.num_blocks or MAX_EVAL_BLOCKS, MAX_EVAL_BLOCKS)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)  # sized by config.rules_env.eval_job_mem_gb
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():

@@ -9,11 +9,11 @@ the filesystem, so a dry run and a real submission cannot diverge.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
     ClusterKind,
     Device,
@@ -44,8 +44,6 @@ class Expand(str):
     """
 
 
-# #SBATCH values are not parsed by a shell: keep them to one safe token.
-_SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:+\-=@%/&|*()\[\]!]+$")
 
 
 @dataclass
@@ -131,7 +129,7 @@ def consolidate_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
 
 def _sbatch_value(key: str, value: object) -> str:
     text = str(value)
-    if not _SAFE_SBATCH_VALUE.match(text):
+    if not SAFE_SBATCH_VALUE.match(text):
         raise ValueError(
             f"cluster.{key}={text!r}: #SBATCH values must be one token without spaces, quotes "
             "or newlines. Fix the value, or pass it through cluster.additional_parameters."

@@ -216,7 +216,7 @@ def test_smoke_training_runs_from_the_installed_package(installed: Installed, el
                                                         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     installed.torchrun_log.unlink(missing_ok=True)
-    res = _run([installed.cli, f"run_dir={run_dir}", "train.max_steps=4", "checkpoint.every_steps=2"],
+    res = _run([installed.cli, "+experiment=smoke", f"run_dir={run_dir}", "train.max_steps=4", "checkpoint.every_steps=2"],
                cwd=elsewhere, timeout_s=600)
     assert res.returncode == 0, _explain(res)
     hf_model = run_dir / "hf_model"

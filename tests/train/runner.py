@@ -25,7 +25,7 @@ from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env,
 from fsdp_workflow.config.load import compose, to_yaml
 
 # Small and quick: the tiny Llama, 64-token sequences.
-FAST = ["train.seq_len=64", "train.micro_batch_size=2", "train.log_every_steps=5", "optimizer.warmup_steps=2"]
+FAST = ["+experiment=smoke", "train.seq_len=64", "train.micro_batch_size=2", "train.log_every_steps=5", "optimizer.warmup_steps=2"]
 
 
 def make_run_dir(run_dir: Path, overrides: Sequence[str] = ()) -> Path:
@@ -111,7 +111,7 @@ def start_cli(run_dir: Path, overrides: Sequence[str] = ()) -> subprocess.Popen:
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "train.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "fsdp_workflow", f"run_dir={run_dir}", *overrides],
+        return subprocess.Popen([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", f"run_dir={run_dir}", *overrides],
                                 env=_process_env(), cwd=run_dir.parent,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
