@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
 from omegaconf import DictConfig
@@ -92,18 +92,167 @@ def _plan_and_launch(cfg) -> int:
 
 
 def _with_run_dir_as_hydra_dir(argv: List[str]) -> List[str]:
-    """``run_dir=X`` also becomes Hydra's own run dir, so no stray ``runs/...`` appears."""
-    run_dirs = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
-    if run_dirs and not any(a.startswith("hydra.run.dir=") for a in argv) and "-m" not in argv \
-            and "--multirun" not in argv:
-        argv = argv + [f"hydra.run.dir={run_dirs[-1]}"]
+    """``run_dir=X`` also becomes Hydra's own run dir, so no stray ``runs/...`` appears.
+
+    In a sweep it becomes the sweep dir instead, and point N plans into ``X/N``.
+    """
+    if _is_multirun(argv):
+        return _run_dir_as_sweep_dir(argv)
+    idx = [i for i, a in enumerate(argv) if a.startswith("run_dir=")]
+    if idx and not any(a.startswith("hydra.run.dir=") for a in argv):
+        # right after it, not at the end: after a flag (--cfg job) argparse takes no more overrides
+        at = idx[-1] + 1
+        argv = argv[:at] + ["hydra.run.dir=" + argv[idx[-1]].split("=", 1)[1]] + argv[at:]
     return argv
+
+
+def _is_multirun(argv: List[str]) -> bool:
+    return "-m" in argv or "--multirun" in argv
+
+
+def _is_sweep(override: str) -> bool:
+    """``a=1,2``, ``a=range(..)``, ``a=choice(..)``; an unparseable one is left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(override).is_sweep_override()
+    except Exception:  # Hydra reports the syntax error itself
+        return True
+
+
+def _run_dir_as_sweep_dir(argv: List[str]) -> List[str]:
+    """``-m ... run_dir=X``: every point gets its own directory, ``X/<hydra.job.num>``.
+
+    A single ``run_dir`` shared by all points would make point 2 resume from point
+    1's checkpoints. ``run_dir`` is dropped, so it keeps its default (Hydra's job
+    output dir), and ``X`` becomes the sweep dir, taking precedence over any
+    ``hydra.sweep.dir``/``subdir`` given. A swept ``run_dir=a,b`` is left alone:
+    each point already names its own directory.
+    """
+    idx = [i for i, a in enumerate(argv) if a.startswith("run_dir=")]
+    if not idx or _is_sweep(argv[idx[-1]]):
+        return argv
+    value = argv[idx[-1]].split("=", 1)[1]
+    out = [a for i, a in enumerate(argv) if i not in idx[:-1]]
+    at = idx[-1] - len(idx[:-1])
+    # in place, so the overrides stay together for Hydra's argument parser
+    out[at:at + 1] = [f"hydra.sweep.dir={value}", "hydra.sweep.subdir=${hydra.job.num}"]
+    return out
+
+
+# Flags after which Hydra runs no job (help, printing the config) or composes
+# another config tree: the sweep is left to Hydra as it is.
+_NO_SWEEP_CHECK_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun",
+                         "config_path", "config_name", "config_dir")
+
+
+def _sweep_points(argv: List[str]) -> Optional[List[Tuple[List[str], Optional[str]]]]:
+    """The jobs a ``-m`` sweep will run, in Hydra's order: ``(overrides, run dir or None)``.
+
+    Expands the task overrides as Hydra's basic sweeper does (a cartesian product).
+    The run dir is ``sweep.dir/N`` when the sweep dir is given (``run_dir=X`` gives
+    it, see :func:`_run_dir_as_sweep_dir`) and None for Hydra's fresh, timestamped
+    default. None overall: nothing to check here (no sweep, a help or ``--cfg``
+    flag, another sweeper or config tree, or overrides only Hydra can explain).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:  # Hydra will report the bad command line
+        return None
+    if not args.multirun or any(getattr(args, flag, None) for flag in _NO_SWEEP_CHECK_FLAGS):
+        return None
+    try:
+        overrides = OverridesParser.create(config_loader=_config_loader()).parse_overrides(args.overrides)
+        task = [o for o in overrides if not o.is_hydra_override()]
+        hydra_ov = {o.key_or_group: o for o in overrides if o.is_hydra_override()}
+        if any(k.startswith(("hydra.sweeper", "hydra/sweeper")) for k in hydra_ov):
+            return None  # not the basic sweeper's cartesian product
+        points = BasicSweeper.split_arguments(task, None)[0] if task else [[]]
+    except Exception:  # a syntax or sweep error: Hydra reports it with its own message
+        return None
+    sweep_dir = hydra_ov["hydra.sweep.dir"].value() if "hydra.sweep.dir" in hydra_ov else None
+    subdir = hydra_ov["hydra.sweep.subdir"].value() if "hydra.sweep.subdir" in hydra_ov else "${hydra.job.num}"
+    out: List[Tuple[List[str], Optional[str]]] = []
+    for num, point in enumerate(points):
+        sub = str(num) if subdir == "${hydra.job.num}" else (None if "${" in str(subdir) else str(subdir))
+        run_dir = os.path.abspath(os.path.join(str(sweep_dir), sub)) if sweep_dir and sub is not None else None
+        out.append((list(point), run_dir))
+    return out
+
+
+def _config_loader() -> Any:
+    """Hydra's loader for ``conf/``, so a ``glob(..)`` sweep over a group can list its options."""
+    try:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.utils import create_config_search_path
+
+        return ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+    except Exception:  # Hydra internals moved: only glob sweeps lose out
+        return None
+
+
+def _validate_sweep(argv: List[str]) -> None:
+    """Compose and validate every point of a ``-m`` sweep before Hydra runs any.
+
+    Each point also gets the run directory rule (a directory holding a different
+    run is refused), and no two points may share a run or output directory.
+    Exits with ``EXIT_USAGE`` listing every failing point; returns when all pass.
+    """
+    import dataclasses
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from fsdp_workflow.config.errors import ConfigError, Issue
+    from fsdp_workflow.config.load import compose
+    from fsdp_workflow.config.validate import validate
+    from fsdp_workflow.plan.run_dir import check_run_dir_reuse
+
+    points = _sweep_points(argv)
+    if not points:
+        return
+    failures: List[str] = []
+    seen: Dict[Tuple[str, str], int] = {}  # (key, directory) -> first point writing there
+    for num, (overrides, run_dir) in enumerate(points):
+        where = f"sweep point {num} ({' '.join(overrides) or 'no overrides'})"
+        try:
+            cfg = compose(overrides)
+        except (HydraException, OmegaConfBaseException, ValueError) as err:  # unknown key, wrong type, no such option
+            failures.append(f"{where}:\n  {str(err).strip()}")
+            continue
+        if run_dir is not None:
+            cfg = dataclasses.replace(cfg, run_dir=run_dir)
+        issues = list(validate(cfg).errors)
+        own = [("run_dir", str(cfg.run_dir))] if run_dir is not None or any(
+            o.startswith("run_dir=") for o in overrides) else []
+        if cfg.consolidate.enabled and cfg.consolidate.output_dir:
+            own.append(("consolidate.output_dir", cfg.consolidate.output_dir))
+        for key, path in own:
+            first = seen.setdefault((key, os.path.abspath(os.path.expanduser(path))), num)
+            if first != num:
+                issues.append(Issue(key, path, f"sweep point {first} writes to the same directory",
+                                    f"give each point its own {key}, or leave {key} out"))
+        try:
+            check_run_dir_reuse(cfg)
+        except ConfigError as err:
+            issues.extend(err.issues)
+        if issues:
+            failures.append(f"{where}:\n{ConfigError(issues)}")
+    if failures:
+        print(f"fsdp_workflow: invalid config in {len(failures)} of {len(points)} sweep points; "
+              "no point was run\n" + "\n".join(failures), file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     from fsdp_workflow.config.load import normalize_overrides
 
     args = _with_run_dir_as_hydra_dir(normalize_overrides(list(sys.argv[1:] if argv is None else argv)))
+    _validate_sweep(args)  # every point of a -m sweep, before Hydra runs the first
     sys.argv = [sys.argv[0]] + args
     try:
         _hydra_main()

@@ -3,6 +3,12 @@
 Every run directory records what was (or would be) submitted, so a failed
 job can be understood, and rerun with ``bash RUN_DIR/submit.sh``, without
 the machine that planned it.
+
+A run directory is never reused by accident: planning into one whose
+``config.yaml`` records a different run is refused (:func:`check_run_dir_reuse`),
+since the trainer would otherwise resume (``checkpoint.resume=auto``) from that
+run's checkpoints under the new config. Slurm requeues rerun the written
+``train.sbatch`` and never plan again, so they are not affected.
 """
 
 from __future__ import annotations
@@ -13,10 +19,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict, List, Tuple
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from fsdp_workflow.config.accelerate_env import accelerate_env, write_launch_env
-from fsdp_workflow.config.load import PROJECT_ROOT, to_yaml
+from fsdp_workflow.config.errors import ConfigError, Issue, show_value
+from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.plan.render import render_all
 from fsdp_workflow.plan.spec import CONFIG_FILE, LAUNCH_ENV_FILE, LOG_DIR, LaunchPlan, build_plan
@@ -47,12 +58,116 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
+# Keys a resubmission of the same run may change. dry_run: plan first, then run.
+# checkpoint.resume: how to continue, not what. run_dir: its spelling (relative or
+# absolute); the directory is the same one. The Slurm keys only say where and when
+# the job is scheduled (another partition or a longer limit after a timeout), never
+# what it computes.
+REUSE_IGNORED_KEYS = frozenset({
+    "dry_run", "checkpoint.resume", "run_dir",
+    "cluster.partition", "cluster.account", "cluster.qos", "cluster.time_min", "cluster.mem_gb",
+    "cluster.constraint", "cluster.exclusive", "cluster.consolidate_partition",
+    "cluster.consolidate_time_min", "cluster.consolidate_mem_gb", "cluster.consolidate_cpus",
+})
+_DIFFS_SHOWN = 5
+
+
+class _Note(str):
+    """A marker shown as is in a difference, never as a config value."""
+
+
+_ABSENT = _Note("<absent>")
+_NO_RESUME = ("", "none", "false", "no", "auto")
+
+
+def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    """Dotted key -> leaf value (lists are leaves)."""
+    if isinstance(node, dict):
+        out: Dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _as_flat(yaml_text: str) -> Dict[str, Any]:
+    container = OmegaConf.to_container(OmegaConf.create(yaml_text), resolve=False)
+    if not isinstance(container, dict):
+        raise ValueError("not a mapping")
+    return _flatten(container)
+
+
+def config_differences(old_config_file: Path, cfg: WorkflowConfig) -> List[Tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every key, not in :data:`REUSE_IGNORED_KEYS`, that differs.
+
+    The old file goes through the schema first, so a key added to the schema
+    since it was written compares as its default rather than as a difference.
+    A file that cannot be read at all is one difference, on ``config.yaml``.
+    """
+    new = _as_flat(to_yaml(cfg))
+    try:
+        old = _as_flat(to_yaml(load_run_config(old_config_file)))
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError):  # another version's keys, or hand-edited
+        try:
+            old = _as_flat(old_config_file.read_text())
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError) as err:
+            return [(CONFIG_FILE, _Note(f"<unreadable: {err}>"), _Note("<this config>"))]
+    keys = [k for k in new if k not in REUSE_IGNORED_KEYS] + \
+        [k for k in old if k not in new and k not in REUSE_IGNORED_KEYS]
+    return [(k, old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT)]
+
+
+def _resumes_inside(resume: str, run_dir: Path) -> bool:
+    """``checkpoint.resume`` names ``run_dir`` or a path under it (a deliberate continuation)."""
+    if (resume or "").strip().lower() in _NO_RESUME:
+        return False
+    target, root = Path(resume.strip()).resolve(), run_dir.resolve()
+    return target == root or root in target.parents
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, _Note) else show_value(value)
+
+
+def check_run_dir_reuse(cfg: WorkflowConfig) -> None:
+    """Refuse to plan into a run directory that holds a run with a different config.
+
+    Allowed: a directory without ``config.yaml`` (a new run), the same config again
+    (resubmitting or continuing that run), and ``checkpoint.resume`` naming a path
+    inside the directory (continuing that run under a new config on purpose).
+
+    Raises:
+        ConfigError: on key ``run_dir``, listing the first differing keys and the fix.
+    """
+    run_dir = Path(cfg.run_dir)
+    old_file = run_dir / CONFIG_FILE
+    if not old_file.is_file() or _resumes_inside(cfg.checkpoint.resume, run_dir):
+        return
+    diffs = config_differences(old_file, cfg)
+    if not diffs:
+        return
+    shown = "; ".join(f"{k}: {_show(old)} -> {_show(new)}" for k, old, new in diffs[:_DIFFS_SHOWN])
+    more = f" (and {len(diffs) - _DIFFS_SHOWN} more)" if len(diffs) > _DIFFS_SHOWN else ""
+    raise ConfigError([Issue(
+        "run_dir", cfg.run_dir,
+        f"it holds a run with a different config ({old_file}): {shown}{more}; planning here would "
+        "overwrite that run's record and resume from its checkpoints under the new config",
+        f"a new run_dir=DIR for a new run, or checkpoint.resume={run_dir / 'checkpoints'}/step-N "
+        "to continue that run under the new config on purpose",
+    )])
+
+
 def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
     """Create ``cfg.run_dir`` and write everything a launch needs into it.
 
     Returns:
         The plan the scripts were rendered from.
+
+    Raises:
+        ConfigError: ``cfg.run_dir`` holds a different run (:func:`check_run_dir_reuse`);
+            nothing is written.
     """
+    check_run_dir_reuse(cfg)
     plan = build_plan(cfg)
     run_dir = plan.run_dir
     (run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
