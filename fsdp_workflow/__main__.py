@@ -25,6 +25,7 @@ register_configs()
 register_resolvers()
 
 _task_started = False
+_no_experiment = False  # set by main(): the hint when base defaults fail validation
 
 
 def _fail_config(message: str) -> None:
@@ -49,6 +50,8 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
     try:
         cfg = to_typed(dcfg)
+    except ConfigError as err:  # unknown keys
+        _fail_config(str(err))
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         _fail_config(f"  {key}: {err}" if key else f"  {err}")
@@ -58,6 +61,10 @@ def _hydra_main(dcfg: DictConfig) -> None:
     try:
         report.raise_if_errors()
     except ConfigError as err:
+        if _no_experiment:
+            err = ConfigError(err.issues)
+            _fail_config(f"{err}\n  (no experiment selected: these are the base defaults; "
+                         "add +experiment=smoke for the smoke run's values)")
         _fail_config(str(err))
     rc = _plan_and_launch(cfg)
     if rc:  # success returns, so a multirun sweep goes on to its next job
@@ -251,7 +258,18 @@ def _validate_sweep(argv: List[str]) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     from fsdp_workflow.config.load import normalize_overrides
 
-    args = _with_run_dir_as_hydra_dir(normalize_overrides(list(sys.argv[1:] if argv is None else argv)))
+    global _no_experiment
+    from fsdp_workflow.config.errors import ConfigError
+    from fsdp_workflow.config.keys import override_key_issues
+    from fsdp_workflow.config.load import experiment_selected
+
+    normalized = normalize_overrides(list(sys.argv[1:] if argv is None else argv))
+    unknown = override_key_issues(normalized)
+    if unknown:  # before Hydra: its message names no valid key, and `+key` it would accept
+        print(f"fsdp_workflow: invalid config\n{ConfigError(unknown)}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    _no_experiment = experiment_selected(normalized) is None
+    args = _with_run_dir_as_hydra_dir(normalized)
     _validate_sweep(args)  # every point of a -m sweep, before Hydra runs the first
     sys.argv = [sys.argv[0]] + args
     try:

@@ -118,3 +118,12 @@ def check_model_shape(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 RULES: List[Rule] = [check_bounds, check_model_shape]
+
+
+def bounds_markdown() -> str:
+    """The bounds table of ``docs/configuration.md`` (a test keeps the two equal)."""
+    rows = ["| key | allowed | default |", "|---|---|---|"]
+    for key, b, default in bounded_fields():
+        shown = "null" if default is None else _num(default)
+        rows.append(f"| `{key}` | {describe(b)} | {shown} |")
+    return "\n".join(rows)
