@@ -1,25 +1,25 @@
 """Config stage: typed schema, loading, validation and the Accelerate environment.
 
-Nothing here imports torch or transformers.
+Nothing here imports torch or transformers. The names below are loaded on
+first use, so ``fsdp_workflow.config.sizes`` (which the consolidator imports)
+does not pull in Hydra and OmegaConf.
 """
 
-from fsdp_workflow.config.load import (
-    CONF_DIR,
-    PROJECT_ROOT,
-    compose,
-    load_run_config,
-    register_resolvers,
-    to_typed,
-)
-from fsdp_workflow.config.schema import WorkflowConfig, register_configs
+from __future__ import annotations
 
-__all__ = [
-    "CONF_DIR",
-    "PROJECT_ROOT",
-    "WorkflowConfig",
-    "compose",
-    "load_run_config",
-    "register_configs",
-    "register_resolvers",
-    "to_typed",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "CONF_DIR": "load", "PROJECT_ROOT": "load", "compose": "load", "load_run_config": "load",
+    "register_resolvers": "load", "to_typed": "load",
+    "WorkflowConfig": "schema", "register_configs": "schema",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"fsdp_workflow.config.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'fsdp_workflow.config' has no attribute {name!r}")

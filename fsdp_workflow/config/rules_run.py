@@ -73,44 +73,25 @@ def check_data(cfg: WorkflowConfig, r: ValidationReport) -> None:
     if d.source != DataSource.synthetic:
         _check_path(cfg, r, "data.path", d.path, "the training data")
         _check_path(cfg, r, "data.eval_path", d.eval_path, "the evaluation data")
-    if not 0.0 <= d.eval_fraction < 1.0:
-        r.error("data.eval_fraction", d.eval_fraction, "a share of documents in [0, 1)", "data.eval_fraction=0.05")
 
 
 def check_optimizer(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Learning rate, warmup, clipping and betas."""
+    """Warmup within the run, and betas."""
     o, t = cfg.optimizer, cfg.train
-    if o.lr <= 0:
-        r.error("optimizer.lr", o.lr, "the learning rate must be positive", "optimizer.lr=2e-5")
-    if o.warmup_steps < 0:
-        r.error("optimizer.warmup_steps", o.warmup_steps, "a step count cannot be negative", "optimizer.warmup_steps=0")
-    elif t.max_steps >= 1 and o.warmup_steps >= t.max_steps:
+    # signs and ranges: rules_bounds (declared beside each field)
+    if t.max_steps >= 1 and o.warmup_steps >= t.max_steps:
         r.error(
             "optimizer.warmup_steps", o.warmup_steps,
             f"warmup would last the whole run (train.max_steps={t.max_steps}): the schedule never decays",
             f"optimizer.warmup_steps={max(t.max_steps // 20, 0)} (about 5% of train.max_steps)",
         )
-    if o.weight_decay < 0:
-        r.error("optimizer.weight_decay", o.weight_decay, "weight decay cannot be negative", "optimizer.weight_decay=0.0")
-    if o.max_grad_norm is not None and o.max_grad_norm <= 0:
-        r.error("optimizer.max_grad_norm", o.max_grad_norm, "a clipping norm must be positive",
-                "optimizer.max_grad_norm=1.0 (or null to disable clipping)")
-    if not 0.0 <= o.min_lr_ratio <= 1.0:
-        r.error("optimizer.min_lr_ratio", o.min_lr_ratio, "a fraction of optimizer.lr, in [0, 1]", "optimizer.min_lr_ratio=0.1")
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         r.error("optimizer.betas", o.betas, "AdamW takes two betas, each in [0, 1)", "optimizer.betas=[0.9,0.95]")
-    if o.eps <= 0:
-        r.error("optimizer.eps", o.eps, "epsilon must be positive", "optimizer.eps=1e-8")
 
 
 def check_train_misc(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Logging/eval intervals, run directory, ports, requeues."""
-    t, c = cfg.train, cfg.cluster
-    if t.log_every_steps < 1:
-        r.error("train.log_every_steps", t.log_every_steps, "must be at least 1", "train.log_every_steps=10")
-    if t.eval_every_steps < 0:
-        r.error("train.eval_every_steps", t.eval_every_steps, "0 disables evaluation; negative means nothing",
-                "train.eval_every_steps=0")
+    """Run directory and the rendezvous port window."""
+    c = cfg.cluster
     if not str(cfg.run_dir).strip():
         r.error("run_dir", cfg.run_dir, "every run needs a directory for its config, scripts and checkpoints",
                 "run_dir=runs/NAME")
@@ -121,25 +102,17 @@ def check_train_misc(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "must lie in 1024..65535",
             "cluster.master_port_base=20000 cluster.port_range=10000",
         )
-    if c.max_requeues < 0:
-        r.error("cluster.max_requeues", c.max_requeues, "a retry count cannot be negative", "cluster.max_requeues=0")
 
 
 def check_checkpoint(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Interval, pruning and resume target."""
     ck, t = cfg.checkpoint, cfg.train
-    if ck.every_steps < 0:
-        r.error("checkpoint.every_steps", ck.every_steps, "0 saves only at the end; negative means nothing",
-                "checkpoint.every_steps=0")
-    elif t.max_steps >= 1 and ck.every_steps > t.max_steps:
+    if t.max_steps >= 1 and ck.every_steps > t.max_steps:
         r.error(
             "checkpoint.every_steps", ck.every_steps,
             f"longer than the run (train.max_steps={t.max_steps}): no periodic checkpoint would ever be written",
             f"checkpoint.every_steps={t.max_steps} (or 0 for only the final one)",
         )
-    if ck.keep_last < 0:
-        r.error("checkpoint.keep_last", ck.keep_last, "0 keeps every checkpoint; negative means nothing",
-                "checkpoint.keep_last=2")
     if ck.resume not in ("auto", "none"):
         if not ck.resume.strip():
             r.error("checkpoint.resume", ck.resume, "expected auto, none or a checkpoint directory",

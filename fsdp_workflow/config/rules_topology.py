@@ -81,8 +81,6 @@ def check_cluster(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "Slurm needs a partition to queue the training job in",
             "cluster.partition=NAME (`sinfo -s` lists them)",
         )
-    if c.kind == ClusterKind.slurm and c.time_min < 1:
-        r.error("cluster.time_min", c.time_min, "the job time limit must be positive", "cluster.time_min=60")
     if c.kind == ClusterKind.slurm and 0 < c.time_min * 60 <= c.signal_delay_s:
         r.error(
             "cluster.signal_delay_s", c.signal_delay_s,

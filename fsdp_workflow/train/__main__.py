@@ -42,14 +42,15 @@ def _log_placement() -> None:
     import socket
 
     env = os.environ
-    print(
+    line = (
         f"[fsdp_workflow] rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} "
         f"(node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}) "
         f"host {socket.gethostname()} pid {os.getpid()} "
-        f"master {env.get('MASTER_ADDR', '-')}:{env.get('MASTER_PORT', '-')}",
-        file=sys.stderr,
-        flush=True,
+        f"master {env.get('MASTER_ADDR', '-')}:{env.get('MASTER_PORT', '-')}\n"
     )
+    # One write with its newline: ranks share the log, and print() writes the text and
+    # the newline separately, so two ranks' lines could run together.
+    os.write(sys.stderr.fileno(), line.encode())
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):
 
 def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
     data = tmp_path / "corpus.txt"
-    data.write_text((ph.ROOT / "data" / "smoke" / "corpus.txt").read_text())
+    data.write_text((ph.ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt").read_text())
     run_dir = tmp_path / "run fail"
     # Config-legal at planning time; the file is gone when the job starts.
     proc = ph.run_cli(run_dir, f"data.path={data}", "+cluster.additional_parameters.begin=now+4")

@@ -79,8 +79,10 @@ def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> 
     rc, ranks = _signal_cli_and_wait(run, signal.SIGTERM)
     step = _assert_stopped_with_checkpoint(run, rc, ranks, signal.SIGTERM)
 
-    # The printed advice, with an end in sight: resume, finish, and leave no stale marker.
-    proc = start_cli(run, [*LONG_RUN, "checkpoint.resume=auto", f"train.max_steps={step + 2}"])
+    # Resume with an end in sight: a changed config (max_steps) must name the checkpoint
+    # explicitly (a run_dir is never reused by accident); finish, and leave no stale marker.
+    ckpt = run / "checkpoints" / f"step-{step}"
+    proc = start_cli(run, [*LONG_RUN, f"checkpoint.resume={ckpt}", f"train.max_steps={step + 2}"])
     try:
         proc.wait(timeout=120)
     finally:
