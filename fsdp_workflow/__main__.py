@@ -62,7 +62,6 @@ def _hydra_main(dcfg: DictConfig) -> None:
         report.raise_if_errors()
     except ConfigError as err:
         if _no_experiment:
-            err = ConfigError(err.issues)
             _fail_config(f"{err}\n  (no experiment selected: these are the base defaults; "
                          "add +experiment=smoke for the smoke run's values)")
         _fail_config(str(err))
