@@ -66,13 +66,20 @@ def check_key(key: str) -> Optional[Issue]:
     return None
 
 
+def override_key(override: str) -> Optional[str]:
+    """The dotted key of ``key=v``, ``+key=v``, ``++key=v`` or ``~key``; None for a flag or a flag's value."""
+    if override.startswith("-") or ("=" not in override and not override.startswith("~")):
+        return None  # a flag (--cfg, -m), or a flag's value (job, hydra)
+    return override.lstrip("~+").split("=", 1)[0].strip()
+
+
 def override_key_issues(overrides: Sequence[str]) -> List[Issue]:
     """Check the keys of command-line overrides (``key=v``, ``+key=v``, ``++key=v``, ``~key``)."""
     issues = []
     for o in overrides:
-        if o.startswith("-") or ("=" not in o and not o.startswith("~")):
-            continue  # a flag, or a flag's value
-        key = o.lstrip("~+").split("=", 1)[0].strip()
+        key = override_key(o)
+        if key is None:
+            continue
         if "/" in key or "@" in key:
             continue  # a defaults-list path (group/option, package): Hydra checks it
         issue = check_key(key)

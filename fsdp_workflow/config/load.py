@@ -81,10 +81,10 @@ _RUN_LEVEL_KEYS = ("run_dir", "dry_run")
 
 def _names_config(override: str) -> bool:
     """True when an override selects a group or sets a key of the config."""
-    if override.startswith("-") or ("=" not in override and not override.startswith("~")):
-        return False  # a flag (--cfg, -m) or a flag's value (job, hydra)
-    key = override.lstrip("~+").split("=", 1)[0]
-    return not (key.startswith("hydra.") or key == "hydra" or key in _RUN_LEVEL_KEYS)
+    from fsdp_workflow.config.keys import override_key
+
+    key = override_key(override)
+    return key is not None and not (key.startswith("hydra.") or key == "hydra" or key in _RUN_LEVEL_KEYS)
 
 
 def normalize_overrides(overrides: Sequence[str]) -> List[str]:

@@ -18,7 +18,7 @@ from fsdp_workflow.config.schema import (
     ModelInit,
     WorkflowConfig,
 )
-from fsdp_workflow.config.sizes import SIZE_EXAMPLES, parse_size
+from fsdp_workflow.config.sizes import parse_size
 from fsdp_workflow.config.validate import Rule, ValidationReport
 
 _GLOB_CHARS = set("*?[")
@@ -154,8 +154,7 @@ def check_consolidate(cfg: WorkflowConfig, r: ValidationReport) -> None:
     try:
         parse_size(cs.max_shard_size)
     except ValueError as err:
-        r.error("consolidate.max_shard_size", cs.max_shard_size, str(err).split(" (")[0] + f"; expected {SIZE_EXAMPLES}",
-                "consolidate.max_shard_size=5GB")
+        r.error("consolidate.max_shard_size", cs.max_shard_size, str(err), "consolidate.max_shard_size=5GB")
     _check_output_dir(cfg, r)
     if not cs.enabled:
         return

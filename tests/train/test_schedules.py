@@ -47,10 +47,17 @@ def _assert_same(ours: list[float], ref: list[float]) -> None:
         assert math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0), f"step {step}: ours {a!r}, transformers {b!r}"
 
 
+HF_NO_FLOOR = {
+    SchedulerName.cosine: transformers.get_cosine_schedule_with_warmup,
+    SchedulerName.linear: transformers.get_linear_schedule_with_warmup,
+}
+
+
+@pytest.mark.parametrize("name", list(HF_NO_FLOOR), ids=lambda n: n.value)
 @pytest.mark.parametrize("warmup,max_steps", SHAPES)
-def test_cosine_is_hf_cosine(warmup: int, max_steps: int) -> None:
-    ref = _hf(lambda o: transformers.get_cosine_schedule_with_warmup(o, warmup, max_steps), max_steps)
-    _assert_same(_ours(SchedulerName.cosine, warmup, max_steps, 0.0), ref)
+def test_no_floor_is_hf(name: SchedulerName, warmup: int, max_steps: int) -> None:
+    ref = _hf(lambda o: HF_NO_FLOOR[name](o, warmup, max_steps), max_steps)
+    _assert_same(_ours(name, warmup, max_steps, 0.0), ref)
 
 
 @pytest.mark.parametrize("floor", [0.1, 0.05, 0.5])
@@ -61,12 +68,6 @@ def test_cosine_with_floor_is_hf_cosine_with_min_lr(warmup: int, max_steps: int,
     ours = _ours(SchedulerName.cosine, warmup, max_steps, floor)
     _assert_same(ours, ref)
     assert math.isclose(ours[-1], floor * LR, rel_tol=1e-12)
-
-
-@pytest.mark.parametrize("warmup,max_steps", SHAPES)
-def test_linear_is_hf_linear(warmup: int, max_steps: int) -> None:
-    ref = _hf(lambda o: transformers.get_linear_schedule_with_warmup(o, warmup, max_steps), max_steps)
-    _assert_same(_ours(SchedulerName.linear, warmup, max_steps, 0.0), ref)
 
 
 @pytest.mark.parametrize("floor", [0.1, 0.05, 0.5])
