@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from fsdp_workflow.config import CONF_DIR, register_configs, register_resolvers
-from fsdp_workflow.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
 
 register_configs()
 register_resolvers()

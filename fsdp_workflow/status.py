@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fsdp_workflow.exit_codes import EXIT_USAGE
-from fsdp_workflow.exit_codes import REQUEUE_MARKER
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.exit_codes import REQUEUE_MARKER
 from fsdp_workflow.plan.spec import CONFIG_FILE, EVALS_FILE, JOBS_FILE, LOG_DIR
 
 # Slurm job state -> what the user is told.

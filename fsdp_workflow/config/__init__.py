@@ -1,7 +1,7 @@
 """Config stage: typed schema, loading, validation and the Accelerate environment.
 
 Nothing here imports torch or transformers. The names below are loaded on
-first use, so ``fsdp_workflow.config.sizes`` (which the consolidator imports)
+first use, so ``fsdp_workflow.core.sizes`` (which the consolidator imports)
 does not pull in Hydra and OmegaConf.
 """
 

@@ -18,7 +18,7 @@ from fsdp_workflow.config.schema import (
     ModelInit,
     WorkflowConfig,
 )
-from fsdp_workflow.config.sizes import parse_size
+from fsdp_workflow.core.sizes import parse_size
 from fsdp_workflow.config.validate import Rule, ValidationReport
 
 _GLOB_CHARS = set("*?[")

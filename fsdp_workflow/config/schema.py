@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from fsdp_workflow.core.rundir import RunDir
+
 
 # --------------------------------------------------------------------------- bounds
 BOUNDS_KEY = "fw_bounds"
@@ -106,6 +108,20 @@ class OptimizerName(str, Enum):
     adamw_8bit = "adamw_8bit"  # bitsandbytes 8-bit AdamW
     adamw_bnb_8bit = "adamw_bnb_8bit"  # alias of adamw_8bit (HF Trainer name)
     sgd = "sgd"
+
+    @property
+    def is_8bit(self) -> bool:
+        """An 8-bit optimizer (torchao or bitsandbytes): its state is quantised."""
+        return self in EIGHT_BIT_OPTIMIZERS
+
+    @property
+    def is_bitsandbytes(self) -> bool:
+        """bitsandbytes' AdamW8bit (``adamw_8bit`` and its HF Trainer alias): CUDA only, no DTensors."""
+        return self in (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit)
+
+
+# The one list of 8-bit optimizers: validation and the trainer's optimizer factory read it.
+EIGHT_BIT_OPTIMIZERS = frozenset({OptimizerName.adamw_torch_8bit, OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit})
 
 
 class SchedulerName(str, Enum):
@@ -331,6 +347,11 @@ class WorkflowConfig:
 def world_size(cfg: WorkflowConfig) -> int:
     """Total ranks: nodes x processes per node."""
     return cfg.cluster.nodes * cfg.cluster.processes_per_node
+
+
+def run_layout(cfg: WorkflowConfig) -> RunDir:
+    """The run directory's paths for this config (``cluster.log_dir``, ``consolidate.output_dir`` applied)."""
+    return RunDir.of(cfg.run_dir, cfg.cluster.log_dir, cfg.consolidate.output_dir)
 
 
 def data_parallel_size(cfg: WorkflowConfig) -> int:

@@ -77,7 +77,7 @@ def consolidate(
         dtype: ``None`` keeps stored dtypes; ``"bf16"``, ``"fp16"`` or ``"fp32"`` casts
             floating tensors only.
         max_shard_size: Split output files past this size (``"5GB"``, ``"1TB"``, ``"2GiB"``,
-            bytes as int), parsed by :func:`fsdp_workflow.config.sizes.parse_size`.
+            bytes as int), parsed by :func:`fsdp_workflow.core.sizes.parse_size`.
         step: Pick step N from a directory of ``step-N`` checkpoints (default: the newest
             one with ``.metadata``; newer incomplete ones are skipped with a note).
         average_last: Average the last K complete steps.

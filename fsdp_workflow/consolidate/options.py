@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from fsdp_workflow.config.sizes import parse_size
+from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
 from .errors import ConsolidationError

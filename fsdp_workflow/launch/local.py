@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import List
 
-from fsdp_workflow.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
+from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
 from fsdp_workflow.plan.spec import TRAIN_NODE_SCRIPT, LaunchPlan
 
 

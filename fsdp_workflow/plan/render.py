@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from typing import Iterable, List
 
-from fsdp_workflow.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
+from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
 from fsdp_workflow.plan.spec import (
     CONSOLIDATE_SBATCH,
     EVAL_SBATCH,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fsdp_workflow.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:

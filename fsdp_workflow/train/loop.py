@@ -12,7 +12,7 @@ schedule; resume from the newest complete checkpoint; then per optimizer step:
 reseed, ``grad_accum_steps`` micro-batches, clip, step, one all-reduce carrying
 the loss and the preemption flag, metrics, maybe evaluate, maybe checkpoint.
 
-Exit codes (:mod:`fsdp_workflow.exit_codes`): 0 done, 2 bad config, 75 preempted
+Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config, 75 preempted
 (a checkpoint of the current step was saved; requeue), 1 anything else.
 Rank 0 also writes ``RUN_DIR/train_exit.json`` with the code, the reason and the
 last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, WorkflowConfig
-from fsdp_workflow.exit_codes import EXIT_OK, EXIT_REQUEUE
+from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.checkpoint import Checkpointer, save_hf_assets
@@ -252,7 +252,7 @@ def main(run_dir_arg: str) -> int:
         if exit_code == EXIT_REQUEUE:
             # The job script requeues only when this marker exists (written before the
             # barrier below, so no rank exits, and no srun --kill-on-bad-exit fires, first).
-            from fsdp_workflow.exit_codes import REQUEUE_MARKER
+            from fsdp_workflow.core.exit_codes import REQUEUE_MARKER
 
             (run_dir / REQUEUE_MARKER).write_text(f"step {step}\n")
         print(f"training {reason} at step {step}; exit code {exit_code}", file=sys.stderr, flush=True)

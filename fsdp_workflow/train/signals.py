@@ -5,7 +5,7 @@ SIGTERM on preemption or ``scancel``. A handler only records the signal; the
 training loop checks the flag once per optimizer step, agrees on it across all
 ranks (an all-reduce folded into the loss reduction, so a signal that reached
 only some ranks still stops all of them at the same step), saves a blocking
-checkpoint and exits with :data:`fsdp_workflow.exit_codes.EXIT_REQUEUE`.
+checkpoint and exits with :data:`fsdp_workflow.core.exit_codes.EXIT_REQUEUE`.
 
 Which process must receive the signal: every rank handles it, so it may be sent
 to the ranks directly (``scancel --signal=USR2 --full`` or ``--signal=USR2@T``

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_workflow.config.sizes import parse_size
+from fsdp_workflow.core.sizes import parse_size
 from fsdp_workflow.consolidate import writer
 from fsdp_workflow.consolidate.casting import cast_bytes
 from fsdp_workflow.consolidate.errors import ConsolidationError, UnsafeCheckpointError

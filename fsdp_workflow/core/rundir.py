@@ -1,0 +1,282 @@
+"""The run directory's contract: every name under ``RUN_DIR``, in one module.
+
+Every stage meets the others in the run directory: the planner writes the
+config and the scripts, the trainer writes checkpoints and metrics, the
+consolidator reads the checkpoints and writes the model, ``status`` reads it
+all. They all ask this module for paths, so a layout change is a one-file
+change (``tests/test_imports.py`` fails on a path literal anywhere else)::
+
+    RUN_DIR/
+      config.yaml  launch.env  provenance.json  jobs.txt      what was planned and submitted
+      train.sbatch  train_node.sh  consolidate.sbatch  eval.sbatch  submit.sh
+      post_checkpoint.sh                                      run by rank 0 after each checkpoint (if planned)
+      logs/                                                   job logs (or cluster.log_dir)
+      checkpoints/step-N/                                     complete checkpoints
+      checkpoints/step-N.tmp/  step-N.deleting/               being written / being pruned: never a checkpoint
+      hf_assets/                                              config.json, tokenizer (written once by the trainer)
+      hf_model/                                               the consolidated model (or consolidate.output_dir)
+      evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
+      metrics.jsonl  train_exit.json  .requeue  .cache/
+
+A checkpoint is complete when DCP's ``.metadata`` (written last, by the
+coordinator) or DeepSpeed's ``latest`` tag file is present; the trainer
+writes into ``step-N.tmp`` and renames it, so a crash never leaves a
+``step-N`` that looks complete. Nothing here imports torch, Hydra or Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Tuple, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# ---------------------------------------------------------------- names
+CONFIG_FILE = "config.yaml"
+LAUNCH_ENV_FILE = "launch.env"
+PROVENANCE_FILE = "provenance.json"
+JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
+METRICS_FILE = "metrics.jsonl"
+TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torchrun reports any failure as 1)
+EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
+REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal; the job scripts requeue on it
+CACHE_DIR = ".cache"
+
+TRAIN_SBATCH = "train.sbatch"
+TRAIN_NODE_SCRIPT = "train_node.sh"
+CONSOLIDATE_SBATCH = "consolidate.sbatch"
+EVAL_SBATCH = "eval.sbatch"
+SUBMIT_SCRIPT = "submit.sh"
+POST_CHECKPOINT_HOOK = "post_checkpoint.sh"  # bash post_checkpoint.sh STEP, after step-STEP is committed
+
+LOG_DIR = "logs"
+CHECKPOINTS_DIR = "checkpoints"
+HF_ASSETS_DIR = "hf_assets"
+HF_MODEL_DIR = "hf_model"
+EVALS_DIR = "evals"
+PENDING_EVALS_DIR = "pending"
+
+STEP_PREFIX = "step-"
+STEP_RE = re.compile(r"^step-(\d+)$")
+TMP_SUFFIX = ".tmp"
+DELETING_SUFFIX = ".deleting"
+DCP_METADATA = ".metadata"  # written last by DCP's coordinator
+DEEPSPEED_LATEST = "latest"  # written last by DeepSpeed's save_checkpoint
+
+
+# ---------------------------------------------------------------- steps
+def step_name(step: int) -> str:
+    """``step-N``: the directory name of the checkpoint after optimizer step N."""
+    return f"{STEP_PREFIX}{int(step)}"
+
+
+def parse_step(name: str) -> Optional[int]:
+    """N for ``step-N``; None for anything else (``step-N.tmp``, ``step-N.deleting``...)."""
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """A DCP checkpoint has ``.metadata``; a DeepSpeed one has its ``latest`` tag file."""
+    return (path / DCP_METADATA).is_file() or (path / DEEPSPEED_LATEST).is_file()
+
+
+def list_checkpoints(checkpoints_dir: Path) -> List[Tuple[int, Path]]:
+    """Complete ``step-N`` checkpoints under ``checkpoints_dir``, oldest first."""
+    out: List[Tuple[int, Path]] = []
+    if checkpoints_dir.is_dir():
+        for p in checkpoints_dir.iterdir():
+            step = parse_step(p.name)
+            if step is not None and p.is_dir() and is_complete_checkpoint(p):
+                out.append((step, p))
+    return sorted(out)
+
+
+# ---------------------------------------------------------------- atomic writes
+def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """:func:`atomic_write_text` of ``obj`` as indented JSON with a final newline."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the layout
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run directory.
+
+    Args:
+        root: the run directory (made absolute).
+        log_dir: ``cluster.log_dir`` when set; job logs go there instead of ``RUN_DIR/logs``.
+        output_dir: ``consolidate.output_dir`` when set; the model goes there instead of ``RUN_DIR/hf_model``.
+    """
+
+    root: Path
+    log_dir: Optional[Path] = None
+    output_dir: Optional[Path] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(os.path.abspath(self.root)))
+        for name in ("log_dir", "output_dir"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(os.path.abspath(os.path.expanduser(str(value)))))
+
+    @classmethod
+    def of(cls, root: PathLike, log_dir: Optional[PathLike] = None, output_dir: Optional[PathLike] = None) -> "RunDir":
+        """The layout for ``root`` with optional ``cluster.log_dir`` / ``consolidate.output_dir``."""
+        return cls(Path(root), Path(log_dir) if log_dir else None, Path(output_dir) if output_dir else None)
+
+    @classmethod
+    def recorded(cls, root: PathLike) -> "RunDir":
+        """The layout a written run directory records in its ``config.yaml`` (read without Hydra).
+
+        A missing or unreadable ``config.yaml`` gives the default layout.
+        """
+        import yaml
+
+        try:
+            cfg = yaml.safe_load((Path(root) / CONFIG_FILE).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            cfg = {}
+        if not isinstance(cfg, dict):
+            cfg = {}
+        cluster = cfg.get("cluster") if isinstance(cfg.get("cluster"), dict) else {}
+        cons = cfg.get("consolidate") if isinstance(cfg.get("consolidate"), dict) else {}
+        return cls.of(root, cluster.get("log_dir") or None, cons.get("output_dir") or None)
+
+    # files written at planning time
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def launch_env(self) -> Path:
+        return self.root / LAUNCH_ENV_FILE
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / PROVENANCE_FILE
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / JOBS_FILE
+
+    def script(self, name: str) -> Path:
+        """A rendered script (``train.sbatch``, ``submit.sh``...) by file name."""
+        return self.root / name
+
+    @property
+    def post_checkpoint_hook(self) -> Path:
+        return self.root / POST_CHECKPOINT_HOOK
+
+    # logs
+    @property
+    def logs(self) -> Path:
+        return self.log_dir if self.log_dir is not None else self.root / LOG_DIR
+
+    def log_pattern(self, role: str) -> Path:
+        """Slurm's ``--output`` for a job of ``role`` (``%j``: the job id)."""
+        return self.logs / f"{role}-%j.out"
+
+    def log_file(self, role: str, job_id: str) -> Path:
+        """The log of job ``job_id``; an evaluation (``eval-step-N``) logs as ``eval``."""
+        base = role.split("-")[0] if role.startswith("eval") else role
+        return self.logs / f"{base}-{job_id}.out"
+
+    # written by the trainer
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def train_exit(self) -> Path:
+        return self.root / TRAIN_EXIT_FILE
+
+    @property
+    def requeue_marker(self) -> Path:
+        return self.root / REQUEUE_MARKER
+
+    @property
+    def cache(self) -> Path:
+        return self.root / CACHE_DIR
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    def step_dir(self, step: int) -> Path:
+        return self.checkpoints / step_name(step)
+
+    def step_tmp(self, step: int) -> Path:
+        """Where a save of ``step`` is written before its rename to :meth:`step_dir`."""
+        return self.checkpoints / (step_name(step) + TMP_SUFFIX)
+
+    def list_checkpoints(self) -> List[Tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        return list_checkpoints(self.checkpoints)
+
+    def latest_checkpoint(self) -> Optional[Tuple[int, Path]]:
+        found = self.list_checkpoints()
+        return found[-1] if found else None
+
+    @property
+    def hf_assets(self) -> Path:
+        return self.root / HF_ASSETS_DIR
+
+    # written by the consolidator and the evaluations
+    @property
+    def hf_model(self) -> Path:
+        return self.output_dir if self.output_dir is not None else self.root / HF_MODEL_DIR
+
+    @property
+    def evals(self) -> Path:
+        return self.root / EVALS_DIR
+
+    @property
+    def evals_file(self) -> Path:
+        return self.root / EVALS_FILE
+
+    def eval_snapshot(self, step: int) -> Path:
+        """The hard-linked copy of ``step-N`` an evaluation job reads (immune to pruning)."""
+        return self.evals / PENDING_EVALS_DIR / step_name(step)
+
+    def eval_model(self, step: int) -> Path:
+        """Where an evaluation consolidates ``step-N`` (removed after it is measured)."""
+        return self.evals / step_name(step)
+
+
+def find_run_dir(path: Path, levels: int = 3) -> Optional[Path]:
+    """The run directory at or above ``path`` (the first holding ``config.yaml`` and ``checkpoints/``)."""
+    p = Path(path).absolute()
+    for cand in [p, *p.parents][: levels + 1]:
+        if (cand / CONFIG_FILE).is_file() and (cand / CHECKPOINTS_DIR).is_dir():
+            return cand
+    return None
