@@ -10,7 +10,9 @@ of this project go through the one allow-list here instead:
   and paths. :class:`AllowListUnpickler` refuses anything else before it is
   imported. The trainer resolves the allowed names to the real torch classes
   (DCP needs them to load); the consolidator subclasses it and resolves them to
-  torch-free stand-ins.
+  torch-free stand-ins. A tensor's ``data.pkl`` inside a ``torch.save`` archive
+  may also name :data:`TENSOR_ARCHIVE_GLOBALS` (the consolidator reads those
+  archives itself; :meth:`AllowListUnpickler.allows` widens the list for it).
 * :func:`load_torch_file` - ``torch.load(weights_only=True)`` with inert
   stand-ins for the few DeepSpeed records its checkpoints pickle.
 
@@ -24,7 +26,8 @@ import io
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, BinaryIO, FrozenSet, Tuple
+from types import MappingProxyType
+from typing import Any, BinaryIO, FrozenSet, Mapping, Tuple
 
 DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed._shard.checkpoint.metadata")
 DCP_METADATA_CLASSES = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
@@ -51,6 +54,22 @@ DCP_METADATA_GLOBALS: FrozenSet[Tuple[str, str]] = frozenset(
 )
 
 
+# A tensor's ``data.pkl`` inside a ``torch.save`` archive (each DCP chunk, Lightning's
+# ``meta.pt``) names the rebuild function and, in files from older torch, a typed storage
+# class per dtype. Readers that parse those archives themselves (the consolidator) allow
+# these on top of :data:`DCP_METADATA_GLOBALS`; the trainer never needs them.
+TORCH_STORAGE_DTYPES: Mapping[str, str] = MappingProxyType({
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2",
+    "UInt16Storage": "uint16", "UInt32Storage": "uint32", "UInt64Storage": "uint64",
+})
+TENSOR_ARCHIVE_GLOBALS: FrozenSet[Tuple[str, str]] = frozenset(
+    {("torch._utils", "_rebuild_tensor_v2")} | {("torch", name) for name in TORCH_STORAGE_DTYPES}
+)
+
+
 class UnsafePickleError(pickle.UnpicklingError):
     """A pickle names a global outside the allow-list; nothing from it was executed."""
 
@@ -62,6 +81,14 @@ class CorruptPickleError(ValueError):
 def is_dcp_metadata_global(module: str, name: str) -> bool:
     """Whether a DCP ``.metadata`` pickle may name ``module.name``."""
     return (module, name) in DCP_METADATA_GLOBALS or (module == "torch" and name in TORCH_DTYPE_NAMES)
+
+
+def is_tensor_archive_global(module: str, name: str) -> bool:
+    """Whether a tensor's ``data.pkl`` in a ``torch.save`` archive may name ``module.name``.
+
+    That is everything a DCP ``.metadata`` may name plus :data:`TENSOR_ARCHIVE_GLOBALS`.
+    """
+    return is_dcp_metadata_global(module, name) or (module, name) in TENSOR_ARCHIVE_GLOBALS
 
 
 def refusal(source: str, module: str, name: str) -> str:
@@ -87,9 +114,17 @@ class AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "__builtin__":  # protocol-2 spelling
             module = "builtins"
-        if is_dcp_metadata_global(module, name):
+        if self.allows(module, name):
             return self.resolve(module, name)
         return self.refuse(module, name)
+
+    def allows(self, module: str, name: str) -> bool:
+        """The allow-list this unpickler applies: by default :func:`is_dcp_metadata_global`.
+
+        A reader of whole ``torch.save`` archives widens it to :func:`is_tensor_archive_global`;
+        nothing else should.
+        """
+        return is_dcp_metadata_global(module, name)
 
     def resolve(self, module: str, name: str) -> Any:
         """The object an allowed global stands for: by default the real one (imports torch)."""
