@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from fsdp_workflow.config import CONF_DIR, register_configs, register_resolvers
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 
 register_configs()
 register_resolvers()
@@ -45,8 +46,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
     _task_started = True
     from omegaconf.errors import OmegaConfBaseException
 
+    from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.load import to_typed
-    from fsdp_workflow.config.validate import ConfigError, validate
+    from fsdp_workflow.plan.checks import check
 
     try:
         cfg = to_typed(dcfg)
@@ -55,7 +57,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         _fail_config(f"  {key}: {err}" if key else f"  {err}")
-    report = validate(cfg)
+    report = check(cfg)
     for warning in report.warnings:
         print("fsdp_workflow: warning: " + warning.format(), file=sys.stderr)
     try:
@@ -84,9 +86,9 @@ def _plan_and_launch(cfg) -> int:
     if warning:
         print("fsdp_workflow: warning: " + warning, file=sys.stderr)
     if cfg.dry_run:
-        print(f"dry run: wrote {plan.run_dir} (config.yaml, launch.env, train.sbatch, "
-              f"train_node.sh, consolidate.sbatch, submit.sh); nothing submitted.")
-        print(f"submit the same chain later with: bash {plan.run_dir / 'submit.sh'}")
+        written = sorted(p.name for p in plan.run_dir.iterdir() if p.is_file())
+        print(f"dry run: wrote {plan.run_dir} ({', '.join(written)}); nothing submitted.")
+        print(f"submit the same chain later with: bash {plan.layout.script(SUBMIT_SCRIPT)}")
         return 0
     if is_slurm(cfg):
         from fsdp_workflow.launch.slurm import submit
@@ -215,7 +217,7 @@ def _validate_sweep(argv: List[str]) -> None:
 
     from fsdp_workflow.config.errors import ConfigError, Issue
     from fsdp_workflow.config.load import compose
-    from fsdp_workflow.config.validate import validate
+    from fsdp_workflow.plan.checks import check
     from fsdp_workflow.plan.run_dir import check_run_dir_reuse
 
     points = _sweep_points(argv)
@@ -232,7 +234,7 @@ def _validate_sweep(argv: List[str]) -> None:
             continue
         if run_dir is not None:
             cfg = dataclasses.replace(cfg, run_dir=run_dir)
-        issues = list(validate(cfg).errors)
+        issues = list(check(cfg).errors)
         own = [("run_dir", str(cfg.run_dir))] if run_dir is not None or any(
             o.startswith("run_dir=") for o in overrides) else []
         if cfg.consolidate.enabled and cfg.consolidate.output_dir:

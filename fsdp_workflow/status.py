@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
-from fsdp_workflow.core.exit_codes import REQUEUE_MARKER
-from fsdp_workflow.plan.spec import CONFIG_FILE, EVALS_FILE, JOBS_FILE, LOG_DIR
+from fsdp_workflow.core.rundir import CONFIG_FILE, JOBS_FILE, RunDir
 
 # Slurm job state -> what the user is told.
 _STATES = {
@@ -37,7 +36,6 @@ _STATES = {
     "BOOT_FAIL": "failed", "DEADLINE": "failed", "PREEMPTED": "failed", "SPECIAL_EXIT": "failed",
 }
 _FIELD_SPLIT = re.compile(r" (?=[A-Za-z][A-Za-z0-9_/:]*=)")
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
@@ -74,9 +72,9 @@ def _run(argv: List[str], timeout_s: float = 15) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 127, "", str(err))
 
 
-def read_jobs(run_dir: Path) -> List[tuple]:
+def read_jobs(layout: RunDir) -> List[tuple]:
     """``(role, job id)`` pairs of RUN_DIR/jobs.txt, oldest first."""
-    path = run_dir / JOBS_FILE
+    path = layout.jobs
     if not path.is_file():
         return []
     out = []
@@ -125,21 +123,17 @@ def _from_sacct(job_id: str) -> tuple:
     return None, "unknown to sacct"
 
 
-def _log_for(run_dir: Path, role: str, job_id: str) -> Optional[str]:
-    logs = run_dir / LOG_DIR
-    base = role.split("-")[0] if role.startswith("eval") else role
-    for cand in (logs / f"{base}-{job_id}.out", logs / "submitit" / f"{job_id}_0_log.out"):
-        if cand.exists():
-            return str(cand)
-    return None
+def _log_for(layout: RunDir, role: str, job_id: str) -> Optional[str]:
+    log = layout.log_file(role, job_id)
+    return str(log) if log.exists() else None
 
 
-def job_status(run_dir: Path, role: str, job_id: str) -> JobStatus:
+def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
     rec, source = _from_scontrol(job_id), "scontrol"
     if rec is None:
         rec, note = _from_sacct(job_id)
         source = "sacct" if rec is not None else f"slurmctld no longer knows the job; {note}"
-    st = JobStatus(role=role, job_id=job_id, status="unknown", source=source, log=_log_for(run_dir, role, job_id))
+    st = JobStatus(role=role, job_id=job_id, status="unknown", source=source, log=_log_for(layout, role, job_id))
     if rec is not None:
         st.slurm_state = rec.get("JobState", "")
         st.reason = rec.get("Reason", "") if rec.get("Reason") not in ("None", "(null)") else ""
@@ -152,41 +146,19 @@ def job_status(run_dir: Path, role: str, job_id: str) -> JobStatus:
     return st
 
 
-def _consolidated_dir(run_dir: Path) -> Path:
-    try:
-        import yaml
-
-        cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
-        out = (cfg.get("consolidate") or {}).get("output_dir")
-    except (OSError, ValueError, ImportError, AttributeError):
-        out = None
-    return Path(out) if out else run_dir / "hf_model"
-
-
-def checkpoint_steps(run_dir: Path) -> List[int]:
-    """Steps of complete ``RUN_DIR/checkpoints/step-N`` directories, ascending."""
-    ckpts = run_dir / "checkpoints"
-    if not ckpts.is_dir():
-        return []
-    steps = []
-    for d in ckpts.iterdir():
-        m = _STEP_DIR.match(d.name)
-        if m and d.is_dir():  # the trainer renames step-N.tmp into place when a save is complete
-            steps.append(int(m.group(1)))
-    return sorted(set(steps))
-
-
 def collect(run_dir: Path) -> RunStatus:
     """Everything :func:`main` prints, as data."""
-    rs = RunStatus(run_dir=str(run_dir))
-    for role, job_id in read_jobs(run_dir):
-        rs.jobs.append(job_status(run_dir, role, job_id))
+    layout = RunDir.recorded(run_dir)  # cluster.log_dir and consolidate.output_dir as the run recorded them
+    rs = RunStatus(run_dir=str(layout.root))
+    for role, job_id in read_jobs(layout):
+        rs.jobs.append(job_status(layout, role, job_id))
     if not rs.jobs:
         rs.notes.append(f"no {JOBS_FILE}: nothing was submitted from this run directory yet")
-    rs.checkpoint_steps = checkpoint_steps(run_dir)
+    # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one)
+    rs.checkpoint_steps = [step for step, _ in layout.list_checkpoints()]
     rs.latest_checkpoint_step = rs.checkpoint_steps[-1] if rs.checkpoint_steps else None
-    rs.requeue_marker = (run_dir / REQUEUE_MARKER).exists()
-    out = _consolidated_dir(run_dir)
+    rs.requeue_marker = layout.requeue_marker.exists()
+    out = layout.hf_model
     rs.consolidated_dir = str(out)
     if out.is_dir():
         rs.consolidated = "present"
@@ -197,9 +169,8 @@ def collect(run_dir: Path) -> RunStatus:
                 rs.consolidated = "verified" if rs.verification.get("ok") else "verification failed"
             except ValueError:
                 rs.consolidated = "present (unreadable verification.json)"
-    evals = run_dir / EVALS_FILE
-    if evals.is_file():
-        lines = [l for l in evals.read_text().splitlines() if l.strip()]
+    if layout.evals_file.is_file():
+        lines = [l for l in layout.evals_file.read_text().splitlines() if l.strip()]
         if lines:
             try:
                 rs.last_eval = json.loads(lines[-1])

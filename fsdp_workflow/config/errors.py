@@ -8,9 +8,12 @@ run. The CLI prints the message and exits with ``EXIT_USAGE`` (2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Sequence
+
+if TYPE_CHECKING:  # the schema imports nothing from here; the alias only names it
+    from fsdp_workflow.config.schema import WorkflowConfig
 
 
 def show_value(value: Any) -> str:
@@ -56,3 +59,41 @@ class ConfigError(ValueError):
         noun = "problem" if n == 1 else "problems"
         blocks = "\n".join(f"  {i}. {issue.format()}" for i, issue in enumerate(self.issues, 1))
         super().__init__(f"found {n} {noun} in the config:\n{blocks}")
+
+
+@dataclass
+class ValidationReport:
+    """Everything :func:`validate` found: errors stop the run, warnings do not."""
+
+    errors: List[Issue] = field(default_factory=list)
+    warnings: List[Issue] = field(default_factory=list)
+
+    def error(self, key: str, value: Any, why: str, fix: str) -> None:
+        """Record a violation that must stop the run."""
+        self.errors.append(Issue(key, value, why, fix))
+
+    def warn(self, key: str, value: Any, why: str, fix: str) -> None:
+        """Record a risk the user should know about; the run goes on."""
+        self.warnings.append(Issue(key, value, why, fix))
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error (warnings allowed)."""
+        return not self.errors
+
+    def keys(self) -> List[str]:
+        """The keys of every error, in the order found (handy in tests)."""
+        return [i.key for i in self.errors]
+
+    def raise_if_errors(self) -> None:
+        """Raise one :class:`ConfigError` listing every error, if there is any.
+
+        Raises:
+            ConfigError: the config has at least one error.
+        """
+        if self.errors:
+            raise ConfigError(self.errors)
+
+
+Rule = Callable[["WorkflowConfig", ValidationReport], None]  # one check: adds issues to the report
+BOUNDS_WHY = "must be "  # how rules_bounds starts every out-of-range message

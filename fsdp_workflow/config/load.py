@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from fsdp_workflow.config.schema import WorkflowConfig, register_configs
+from fsdp_workflow.core.rundir import CONFIG_FILE
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The Hydra config tree and the shipped sample data live inside the package, so
@@ -63,10 +64,10 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
     """Load a resolved ``config.yaml`` (or a run directory holding one) as a typed config."""
     path = Path(path)
     if path.is_dir():
-        path = path / "config.yaml"
+        path = path / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: no config.yaml here. Pass the run directory written by "
+            f"{path}: no {CONFIG_FILE} here. Pass the run directory written by "
             "`python -m fsdp_workflow ... dry_run=true run_dir=DIR` (or its config.yaml)."
         )
     schema = OmegaConf.structured(WorkflowConfig)

@@ -13,7 +13,7 @@ import math
 from typing import Any, Iterator, List, Optional, Tuple
 
 from fsdp_workflow.config.schema import BOUNDS_KEY, WorkflowConfig
-from fsdp_workflow.config.validate import BOUNDS_WHY, Rule, ValidationReport
+from fsdp_workflow.config.errors import BOUNDS_WHY, Rule, ValidationReport
 
 
 def bounded_fields(root: Any = WorkflowConfig, prefix: str = "") -> Iterator[Tuple[str, dict, Any]]:

@@ -24,7 +24,7 @@ from fsdp_workflow.config.schema import (
     StrategyName,
     WorkflowConfig,
 )
-from fsdp_workflow.config.validate import Rule, ValidationReport
+from fsdp_workflow.config.errors import Rule, ValidationReport
 
 # #SBATCH values are not parsed by a shell: keep them to one safe token. The
 # planner asserts the same pattern when it renders (fsdp_workflow.plan.spec).

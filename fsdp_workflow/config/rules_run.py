@@ -18,8 +18,9 @@ from fsdp_workflow.config.schema import (
     ModelInit,
     WorkflowConfig,
 )
+from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, HF_MODEL_DIR, RunDir
 from fsdp_workflow.core.sizes import parse_size
-from fsdp_workflow.config.validate import Rule, ValidationReport
+from fsdp_workflow.config.errors import Rule, ValidationReport
 
 _GLOB_CHARS = set("*?[")
 
@@ -133,7 +134,7 @@ def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
     if out is None or not cfg.consolidate.enabled:
         return
     run_dir = str(cfg.run_dir)
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    checkpoints = str(RunDir.of(run_dir).checkpoints)
     if not out.strip():
         why = "an empty path"
     elif _inside(out, checkpoints):
@@ -145,7 +146,7 @@ def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
     else:
         return
     r.error("consolidate.output_dir", out, why,
-            "consolidate.output_dir=null (RUN_DIR/hf_model), or a new directory outside RUN_DIR/checkpoints")
+            f"consolidate.output_dir=null (RUN_DIR/{HF_MODEL_DIR}), or a new directory outside RUN_DIR/{CHECKPOINTS_DIR}")
 
 
 def check_consolidate(cfg: WorkflowConfig, r: ValidationReport) -> None:

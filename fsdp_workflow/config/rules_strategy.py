@@ -20,10 +20,8 @@ from fsdp_workflow.config.schema import (
     StrategyName,
     WorkflowConfig,
 )
-from fsdp_workflow.config.validate import Rule, ValidationReport
+from fsdp_workflow.config.errors import Rule, ValidationReport
 
-EIGHT_BIT = (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit, OptimizerName.adamw_torch_8bit)
-BNB_8BIT = (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit)
 
 # Knobs only FSDP reads (Accelerate ignores them under DeepSpeed and DDP).
 FSDP_ONLY = (
@@ -53,7 +51,7 @@ def check_fsdp_version(cfg: WorkflowConfig, r: ValidationReport) -> None:
         )
     if s.name != StrategyName.fsdp2:
         return
-    if o.name in BNB_8BIT:
+    if o.name.is_bitsandbytes:
         r.error(
             "optimizer.name", o.name,
             "bitsandbytes 8-bit AdamW cannot step FSDP2's DTensor parameters",
@@ -116,7 +114,7 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "hybrid sharding shards within a node and replicates across nodes; on one node it is plain sharding",
             "strategy.sharding_strategy=FULL_SHARD",
         )
-    if s.name == StrategyName.fsdp1 and s.offload_params and o.name in EIGHT_BIT:
+    if s.name == StrategyName.fsdp1 and s.offload_params and o.name.is_8bit:
         r.error(
             "strategy.offload_params", True,
             f"FSDP1 parameter offload runs the optimizer step on CPU tensors; the 8-bit optimizer "
@@ -225,7 +223,7 @@ def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "NVMe offload needs a directory on a local NVMe drive",
             "strategy.offload_nvme_path=/local_nvme/ds_offload",
         )
-    if o.name in BNB_8BIT or o.name == OptimizerName.adamw_torch_8bit:
+    if o.name.is_8bit:
         r.warn(
             "optimizer.name", o.name,
             "DeepSpeed partitions optimizer state itself; a client 8-bit optimizer is untested with ZeRO",

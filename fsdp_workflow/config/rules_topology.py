@@ -19,7 +19,7 @@ from fsdp_workflow.config.schema import (
     data_parallel_size,
     world_size,
 )
-from fsdp_workflow.config.validate import Rule, ValidationReport
+from fsdp_workflow.config.errors import Rule, ValidationReport
 
 
 def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:

@@ -17,71 +17,37 @@ checkpoints, consolidation, containers). No torch import here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, List
+from typing import List, Sequence
 
-from fsdp_workflow.config.errors import ConfigError, Issue
+from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology
+from fsdp_workflow.config.errors import BOUNDS_WHY, ConfigError, Issue, Rule, ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
 
-
-@dataclass
-class ValidationReport:
-    """Everything :func:`validate` found: errors stop the run, warnings do not."""
-
-    errors: List[Issue] = field(default_factory=list)
-    warnings: List[Issue] = field(default_factory=list)
-
-    def error(self, key: str, value: Any, why: str, fix: str) -> None:
-        """Record a violation that must stop the run."""
-        self.errors.append(Issue(key, value, why, fix))
-
-    def warn(self, key: str, value: Any, why: str, fix: str) -> None:
-        """Record a risk the user should know about; the run goes on."""
-        self.warnings.append(Issue(key, value, why, fix))
-
-    @property
-    def ok(self) -> bool:
-        """True when there is no error (warnings allowed)."""
-        return not self.errors
-
-    def keys(self) -> List[str]:
-        """The keys of every error, in the order found (handy in tests)."""
-        return [i.key for i in self.errors]
-
-    def raise_if_errors(self) -> None:
-        """Raise one :class:`ConfigError` listing every error, if there is any.
-
-        Raises:
-            ConfigError: the config has at least one error.
-        """
-        if self.errors:
-            raise ConfigError(self.errors)
-
-
-Rule = Callable[[WorkflowConfig, ValidationReport], None]
-BOUNDS_WHY = "must be "  # how rules_bounds starts every out-of-range message
+__all__ = ["ConfigError", "Issue", "Rule", "ValidationReport", "all_rules", "validate"]
 
 
 def all_rules() -> List[Rule]:
-    """Every rule, in the order its messages are reported."""
-    from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology
-    from fsdp_workflow.container.checks import check_container_steps  # images, binds, --nv
-
+    """Every rule of the config stage, in the order its messages are reported."""
     return [*rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
-            *rules_env.RULES, check_container_steps]
+            *rules_env.RULES]
 
 
-def validate(cfg: WorkflowConfig) -> ValidationReport:
+def validate(cfg: WorkflowConfig, extra_rules: Sequence[Rule] = ()) -> ValidationReport:
     """Check every cross-field rule and collect every violation.
+
+    The stages above config add their own rules through ``extra_rules`` (the
+    container stage checks images and binds; see :func:`fsdp_workflow.plan.checks.check`),
+    so config never imports them and all messages still come in one report.
 
     Args:
         cfg: the typed config (``fsdp_workflow.config.load.to_typed``).
+        extra_rules: rules run after the config stage's own.
 
     Returns:
         A report with all errors and warnings; call ``raise_if_errors()`` on it.
     """
     report = ValidationReport()
-    for rule in all_rules():
+    for rule in [*all_rules(), *extra_rules]:
         rule(cfg, report)
     # One message per key: a bounds error ("must be >= 1") hides the consequences
     # other rules draw from the same bad value.

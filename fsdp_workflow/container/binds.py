@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import List, Optional, Tuple
 
-from fsdp_workflow.config.schema import OffloadDevice, WorkflowConfig
+from fsdp_workflow.config.schema import OffloadDevice, WorkflowConfig, run_layout
 
 # Variables that name a cache directory: when container.env sets one, its directory is bound.
 CACHE_ENV_VARS = (
@@ -92,8 +92,6 @@ def parse_bind(spec: str, key: str = "container.binds") -> Bind:
 
 def derived_paths(cfg: WorkflowConfig) -> List[Tuple[str, str, bool]]:
     """``(key, absolute host path, read_only)`` for every path the config makes a step touch."""
-    from fsdp_workflow.plan.spec import consolidated_dir
-
     m, d, s, ck = cfg.model, cfg.data, cfg.strategy, cfg.checkpoint
     found: List[Tuple[str, Optional[str], bool]] = [
         ("run_dir", cfg.run_dir, False),
@@ -108,7 +106,7 @@ def derived_paths(cfg: WorkflowConfig) -> List[Tuple[str, str, bool]]:
         found.append(("strategy.offload_nvme_path", s.offload_nvme_path, False))
     if cfg.consolidate.output_dir:
         # the step creates the output directory, so its parent must already be visible
-        found.append(("consolidate.output_dir", str(consolidated_dir(cfg).parent), False))
+        found.append(("consolidate.output_dir", str(run_layout(cfg).hf_model.parent), False))
     for name in CACHE_ENV_VARS:
         value = cfg.container.env.get(name)
         if value and value.startswith("/"):
@@ -120,8 +118,26 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def collect_binds(cfg: WorkflowConfig) -> Tuple[List[Bind], List[Tuple[str, str, str]]]:
+    """Every bind before de-duplication (derived from the config, then ``container.binds``).
+
+    Returns:
+        The binds, and ``(key, entry, why)`` for each ``container.binds`` entry that
+        cannot be parsed (validation reports them; :func:`bind_list` refuses them).
+    """
+    binds = [Bind(path, path, ro, key) for key, path, ro in derived_paths(cfg)]
+    bad: List[Tuple[str, str, str]] = []
+    for i, spec in enumerate(cfg.container.binds):
+        key = f"container.binds[{i}]"
+        try:
+            binds.append(parse_bind(spec, key))
+        except ValueError as err:
+            bad.append((key, spec, str(err).split(": ", 1)[1]))
+    return binds, bad
+
+
 def bind_list(cfg: WorkflowConfig) -> List[Bind]:
-    """Every bind a step gets: derived from the config, then ``container.binds``.
+    """Every bind a step gets, in mount order.
 
     A path inside an already-bound directory of the same mode is dropped; the
     rest are ordered parent first, so a writable run directory inside a
@@ -130,8 +146,10 @@ def bind_list(cfg: WorkflowConfig) -> List[Bind]:
     Raises:
         ValueError: a ``container.binds`` entry that cannot be parsed.
     """
-    binds = [Bind(path, path, ro, key) for key, path, ro in derived_paths(cfg)]
-    binds += [parse_bind(spec, f"container.binds[{i}]") for i, spec in enumerate(cfg.container.binds)]
+    binds, bad = collect_binds(cfg)
+    if bad:
+        key, _, why = bad[0]
+        raise ValueError(f"{key}: {why}")
     kept: List[Bind] = []
     for b in sorted(binds, key=lambda b: (b.dst.count("/"), b.dst, b.read_only)):
         covered = any(_under(b.dst, k.dst) and _under(b.src, k.src) and b.src[len(k.src):] == b.dst[len(k.dst):]

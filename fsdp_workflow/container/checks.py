@@ -1,7 +1,7 @@
 """Validation of the containerised steps, run with every other config rule.
 
-``validate()`` calls :func:`check_container_steps`; it reports, together with
-all other config errors (exit code 2):
+:func:`fsdp_workflow.plan.checks.check` runs :func:`check_container_steps` after the
+config stage's own rules; it reports, together with all other config errors (exit code 2):
 
 * the image is missing (an error unless ``dry_run``);
 * a path the job reads or writes cannot be bound (``:`` or ``,`` in it, a
@@ -13,16 +13,15 @@ all other config errors (exit code 2):
 from __future__ import annotations
 
 import os
-import re
 from typing import List, Tuple
 
-from fsdp_workflow.config.errors import Issue
+from fsdp_workflow.config.errors import Issue, ValidationReport
 from fsdp_workflow.config.schema import ClusterKind, ContainerRuntime, Device, WorkflowConfig
-from fsdp_workflow.container.binds import Bind, derived_paths, parse_bind, unbindable
+from fsdp_workflow.container.binds import collect_binds, unbindable
 from fsdp_workflow.container.wrap import STEP_USES_GPU
+from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 
 IMAGE_URI_SCHEMES = ("docker://", "docker-daemon://", "oras://", "library://", "shub://", "http://", "https://")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Bind sources the planner or the run creates itself; every other source must exist.
 _CREATED_BY_RUN = ("run_dir",)
 _INPUT_KEYS = ("model.name_or_path", "model.tokenizer", "data.path", "data.eval_path", "checkpoint.resume")
@@ -57,13 +56,8 @@ def _bind_issues(cfg: WorkflowConfig) -> Tuple[List[Issue], List[Issue]]:
     errors: List[Issue] = []
     warnings: List[Issue] = []
     pyxis = cfg.container.runtime == ContainerRuntime.pyxis
-    binds: List[Bind] = [Bind(path, path, ro, key) for key, path, ro in derived_paths(cfg)]
-    for i, spec in enumerate(cfg.container.binds):
-        try:
-            binds.append(parse_bind(spec, f"container.binds[{i}]"))
-        except ValueError as err:
-            errors.append(Issue(f"container.binds[{i}]", spec, str(err).split(": ", 1)[1],
-                                "container.binds=[/abs/host/path,/abs/src:/abs/dst:ro]"))
+    binds, bad = collect_binds(cfg)
+    errors += [Issue(key, spec, why, "container.binds=[/abs/host/path,/abs/src:/abs/dst:ro]") for key, spec, why in bad]
     hard = cfg.cluster.kind == ClusterKind.local and not cfg.dry_run
     for b in binds:
         bad = unbindable(b)
@@ -93,9 +87,9 @@ def _gpu_env_issues(cfg: WorkflowConfig) -> Tuple[List[Issue], List[Issue]]:
     cuda = cfg.cluster.device == Device.cuda
     gpu_steps = [s for s, gpu in STEP_USES_GPU.items() if gpu]
     for key, value in ct.env.items():
-        if not _ENV_KEY.match(key):
+        if not is_env_name(key):
             errors.append(Issue(f"container.env.{key}", value, "not a valid environment variable name",
-                                "use letters, digits and underscores, not starting with a digit"))
+                                f"use {ENV_NAME_RULE}"))
     if ct.runtime == ContainerRuntime.apptainer and "--nv" in ct.extra_args:
         warnings.append(Issue(
             "container.extra_args", ct.extra_args,
@@ -145,8 +139,8 @@ def container_issues(cfg: WorkflowConfig) -> List[Issue]:
     return collect(cfg)[0]
 
 
-def check_container_steps(cfg: WorkflowConfig, report) -> None:
-    """Validation rule (``fsdp_workflow.config.validate.Rule``): add errors and warnings to ``report``."""
+def check_container_steps(cfg: WorkflowConfig, report: ValidationReport) -> None:
+    """Validation rule (a :data:`fsdp_workflow.config.errors.Rule`): add errors and warnings to ``report``."""
     errors, warnings = collect(cfg)
     report.errors.extend(errors)
     report.warnings.extend(warnings)

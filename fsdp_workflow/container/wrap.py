@@ -1,4 +1,4 @@
-"""Run a step's argument list inside the image: Apptainer's argv, pyxis's srun options.
+"""How a step runs inside the image, as data: Apptainer's argv, pyxis's srun options.
 
 Policy, the same for every step (``train``, ``consolidate``, ``evaluate``):
 
@@ -18,15 +18,18 @@ Policy, the same for every step (``train``, ``consolidate``, ``evaluate``):
   pyxis CPU steps set ``NVIDIA_VISIBLE_DEVICES=void`` so the enroot hook
   leaves the node's (absent) driver alone.
 
-Only argument lists here; :mod:`fsdp_workflow.plan.render` quotes them.
+Only data and argument lists here: :class:`ContainerCommand` says what goes in
+front of a step's argv, and :mod:`fsdp_workflow.plan.render` writes the env
+filter program and quotes everything.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
-from fsdp_workflow.config.schema import ContainerRuntime, Device, WorkflowConfig
+from fsdp_workflow.config.accelerate_env import accelerate_env
+from fsdp_workflow.config.schema import ContainerRuntime, Device, WorkflowConfig, run_layout
 from fsdp_workflow.container.binds import bind_list
 
 # Steps that run inside the image, and whether each uses GPUs when cluster.device=cuda.
@@ -42,18 +45,35 @@ PYXIS_UNSET = (
     "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUAL_ENV",
     "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_PRELOAD",
 )
-CACHE_SUBDIR = ".cache"
 
-# Constant program (no config value is ever interpolated): filter the host environment
-# into APPTAINERENV_* for `apptainer exec --cleanenv`, then exec the rest of argv.
-_PASS_PATTERNS = "|".join([f"{p}*" for p in PASS_ENV_PREFIXES] + list(PASS_ENV_NAMES))
-PASS_ENV_PROGRAM = (
-    'for n in $(compgen -e); do case "$n" in '
-    'APPTAINERENV_*|SINGULARITYENV_*) unset "$n";; '
-    f'{_PASS_PATTERNS}) export "APPTAINERENV_$n=${{!n}}";; '
-    'esac; done; exec "$@"'
-)
-PASS_ENV_ARGV0 = "fsdp_workflow-container-env"  # $0 of the program, shown by ps
+
+@dataclass(frozen=True)
+class EnvFilter:
+    """Host variables that cross into an ``apptainer exec --cleanenv`` image.
+
+    The renderer turns this into a constant bash program that exports each
+    passing variable again as ``<export_prefix><NAME>`` (which Apptainer honours
+    under ``--cleanenv``) after dropping any such variable the user's shell had.
+    """
+
+    pass_prefixes: Tuple[str, ...] = PASS_ENV_PREFIXES
+    pass_names: Tuple[str, ...] = PASS_ENV_NAMES
+    export_prefix: str = "APPTAINERENV_"
+    drop_prefixes: Tuple[str, ...] = ("APPTAINERENV_", "SINGULARITYENV_")
+
+
+@dataclass(frozen=True)
+class ContainerCommand:
+    """What runs a step inside the image: ``[env filter] + prefix + step argv``.
+
+    Attributes:
+        env_filter: run the host environment through this first (Apptainer), or None.
+        prefix: the runtime's argv (``apptainer exec ... IMAGE``) and the in-image ``env``;
+            empty without a container.
+    """
+
+    env_filter: Optional[EnvFilter]
+    prefix: List[str] = field(default_factory=list)
 
 
 def check_step(step: str) -> None:
@@ -70,7 +90,7 @@ def uses_gpu(cfg: WorkflowConfig, step: str) -> bool:
 
 def explicit_env(cfg: WorkflowConfig) -> Dict[str, str]:
     """Variables set inside the image for every step; ``container.env`` wins over the defaults."""
-    cache = Path(cfg.run_dir).absolute() / CACHE_SUBDIR
+    cache = run_layout(cfg).cache
     env = {
         "PYTHONNOUSERSITE": "1",  # ~/.local must never shadow the image's packages
         "HF_HUB_OFFLINE": "1",  # models are local directories; compute nodes may have no network
@@ -90,18 +110,17 @@ def _in_image_env(cfg: WorkflowConfig) -> List[str]:
     return argv + [f"{k}={v}" for k, v in explicit_env(cfg).items()]
 
 
-def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
-    """Wrap a step's command for the configured runtime.
+def container_command(cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    """What goes in front of a step's command for the configured runtime.
 
     Args:
         cfg: the validated config.
-        argv: the step's command on the host (``torchrun ...``, ``python -m ...``).
         step: ``train``, ``consolidate`` or ``evaluate``.
 
     Returns:
-        ``argv`` unchanged for ``container=none``; for ``pyxis`` the in-image
-        ``env`` prefix (srun's :func:`srun_container_args` carry the image);
-        for ``apptainer`` the whole ``apptainer exec`` command.
+        Nothing for ``container=none``; for ``pyxis`` the in-image ``env`` prefix
+        (srun's :func:`srun_container_args` carry the image); for ``apptainer`` the
+        env filter and the whole ``apptainer exec`` command.
 
     Raises:
         ValueError: an unknown step, or a bind that cannot be parsed.
@@ -109,24 +128,22 @@ def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
     check_step(step)
     ct = cfg.container
     if ct.runtime == ContainerRuntime.none:
-        return list(argv)
+        return ContainerCommand(None)
     if ct.runtime == ContainerRuntime.pyxis:
-        return _in_image_env(cfg) + list(argv)
-    wrapped = ["bash", "-c", PASS_ENV_PROGRAM, PASS_ENV_ARGV0, "apptainer", "exec", "--cleanenv", "--no-home"]
+        return ContainerCommand(None, _in_image_env(cfg))
+    argv = ["apptainer", "exec", "--cleanenv", "--no-home"]
     if uses_gpu(cfg, step):
-        wrapped.append("--nv")
-    wrapped += ["--pwd", str(Path(cfg.run_dir).absolute())]
+        argv.append("--nv")
+    argv += ["--pwd", str(run_layout(cfg).root)]
     for b in bind_list(cfg):
-        wrapped += ["--bind", b.apptainer()]
-    wrapped += list(ct.extra_args)
-    wrapped.append(str(ct.image))
-    return wrapped + _in_image_env(cfg) + list(argv)
+        argv += ["--bind", b.apptainer()]
+    argv += list(ct.extra_args)
+    argv.append(str(ct.image))
+    return ContainerCommand(EnvFilter(), argv + _in_image_env(cfg))
 
 
 def pyxis_env_names(cfg: WorkflowConfig, step: str) -> List[str]:
     """Host variables whose values must override the image's under pyxis."""
-    from fsdp_workflow.config.accelerate_env import accelerate_env
-
     names = {"MASTER_ADDR", "MASTER_PORT", *accelerate_env(cfg), *cfg.cluster.nccl_env}
     if not uses_gpu(cfg, step):
         names.add("NVIDIA_VISIBLE_DEVICES")
@@ -147,7 +164,7 @@ def srun_container_args(cfg: WorkflowConfig, step: str) -> List[str]:
         f"--container-image={ct.image}",
         "--container-mounts=" + ",".join(b.pyxis() for b in bind_list(cfg)),
         "--no-container-mount-home",
-        f"--container-workdir={Path(cfg.run_dir).absolute()}",
+        f"--container-workdir={run_layout(cfg).root}",
         "--container-env=" + ",".join(pyxis_env_names(cfg, step)),
     ]
     if not uses_gpu(cfg, step):

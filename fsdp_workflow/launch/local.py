@@ -21,8 +21,9 @@ import subprocess
 import sys
 from typing import List
 
-from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
-from fsdp_workflow.plan.spec import TRAIN_NODE_SCRIPT, LaunchPlan
+from fsdp_workflow.core.exit_codes import EXIT_REQUEUE
+from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT
+from fsdp_workflow.plan.jobs import LaunchPlan
 
 
 def free_port() -> int:
@@ -68,37 +69,38 @@ def _as_if_activated(env: dict) -> dict:
 
 def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     """Train, then consolidate. Returns the exit code for the CLI."""
+    layout = plan.layout
     env = _as_if_activated(dict(os.environ))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(free_port())
     env.update(plan.nccl_env)
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.
-    (plan.run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
-    print(f"[fsdp_workflow] training: {plan.run_dir}/logs, metrics in {plan.run_dir}/metrics.jsonl", file=sys.stderr)
-    rc = _run(["bash", str(plan.run_dir / TRAIN_NODE_SCRIPT)], env)
+    layout.requeue_marker.unlink(missing_ok=True)
+    print(f"[fsdp_workflow] training: {layout.logs}, metrics in {layout.metrics}", file=sys.stderr)
+    rc = _run(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env)
     if rc != 0:
-        if (plan.run_dir / REQUEUE_MARKER).exists():
+        if layout.requeue_marker.exists():
             print(
                 f"[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
-                f"command with checkpoint.resume=auto run_dir={plan.run_dir} to continue.",
+                f"command with checkpoint.resume=auto run_dir={layout.root} to continue.",
                 file=sys.stderr,
             )
             return EXIT_REQUEUE
         print(f"[fsdp_workflow] training failed (exit code {rc}); consolidation skipped.", file=sys.stderr)
         return rc
-    if not consolidate:
-        print(f"[fsdp_workflow] done; checkpoints in {plan.run_dir / 'checkpoints'}", file=sys.stderr)
+    if not consolidate or not plan.consolidate_argv:
+        print(f"[fsdp_workflow] done; checkpoints in {layout.checkpoints}", file=sys.stderr)
         return 0
     argv = list(plan.consolidate_argv)
     if argv[:1] == ["python"]:
-        argv[0] = sys.executable
+        argv[0] = sys.executable  # this interpreter: the same environment as the trainer's
     print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
     rc = _run(argv, env)
     if rc != 0:
         print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
         return rc
-    out = argv[argv.index("fsdp_workflow.consolidate") + 2]
+    out = str(layout.hf_model)
     print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
     print(f"  load it with: AutoModelForCausalLM.from_pretrained({out!r})")
     return 0

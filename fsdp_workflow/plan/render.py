@@ -1,35 +1,51 @@
-"""The one module that turns a :class:`LaunchPlan` into shell text.
+"""The one module that writes shell: job scripts, ``submit.sh``, ``launch.env``, the container's env filter.
 
 Every value that came from the config is quoted with :func:`shlex.quote`;
-only :class:`~fsdp_workflow.plan.spec.Expand` arguments, which this package
+only :class:`~fsdp_workflow.plan.jobs.Expand` arguments, which this package
 builds from constants, are left for the job's shell to expand. Path-valued
-sbatch options (``--output``) go on the sbatch command line in ``submit.sh``
-rather than in ``#SBATCH`` headers, because Slurm's header parser has no
-quoting for spaces, quotes or newlines.
+sbatch options (``--output``) go on the sbatch command line rather than in
+``#SBATCH`` headers, because Slurm's header parser has no quoting for spaces,
+quotes or newlines. Run-directory names come from :mod:`fsdp_workflow.core.rundir`.
 """
 
 from __future__ import annotations
 
 import shlex
-from typing import Iterable, List
+from typing import Dict, Iterable, List, Mapping
 
-from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
-from fsdp_workflow.plan.spec import (
-    CONSOLIDATE_SBATCH,
+from fsdp_workflow.container.wrap import ContainerCommand, EnvFilter
+from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
+from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, EXIT_USAGE
+from fsdp_workflow.core.rundir import (
     EVAL_SBATCH,
-    JOBS_FILE,
     LAUNCH_ENV_FILE,
-    SUBMIT_EVAL_SCRIPT,
+    POST_CHECKPOINT_HOOK,
+    REQUEUE_MARKER,
+    STEP_PREFIX,
+    SUBMIT_SCRIPT,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
-    Expand,
-    LaunchPlan,
-    SbatchJob,
 )
+from fsdp_workflow.plan.jobs import NOUN, Expand, LaunchPlan, SbatchJob, sbatch_argv
 
 HEADER = "# Written by fsdp_workflow; the run directory's config.yaml says what it runs."
+LAUNCH_ENV_HEADER = (
+    "# Environment read by Accelerate on every rank; written by fsdp_workflow.\n"
+    "# Load it with:  source launch.env   (each line exports one variable)\n"
+)
+# torchrun's default list plus Slurm's pre-timeout SIGUSR2.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+ENV_FILTER_ARGV0 = "fsdp_workflow-container-env"  # $0 of the env filter, shown by ps
+# Set inside a job step or by torchrun; inherited by sbatch they would describe the training
+# job to the evaluation job (sbatch reads SBATCH_*, srun reads SLURM_*). SLURM_CONF is kept:
+# which cluster to talk to is configuration, not job state.
+JOB_STATE_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "TORCHELASTIC_")
+JOB_STATE_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
+# ---------------------------------------------------------------- words
 def shell_word(arg: str) -> str:
     """Quote one argument; runtime expansions are double-quoted so they still expand."""
     if isinstance(arg, Expand):
@@ -41,10 +57,62 @@ def shell_join(argv: Iterable[str]) -> str:
     return " ".join(shell_word(a) for a in argv)
 
 
-def _exports(env: dict) -> List[str]:
-    return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+def exports(env: Mapping[str, str]) -> List[str]:
+    """``export NAME=value`` lines; every value quoted, so nothing is expanded.
+
+    Raises:
+        ValueError: a name no shell can export, a value that is not a string or holds a NUL byte.
+    """
+    lines = []
+    for key, value in env.items():
+        if not is_env_name(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name ({ENV_NAME_RULE})")
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {type(value).__name__}")
+        if "\0" in value:
+            raise ValueError(f"{key} holds a NUL byte, which no process environment can carry")
+        lines.append(f"export {key}={shlex.quote(value)}")
+    return lines
 
 
+def render_launch_env(env: Mapping[str, str]) -> str:
+    """``launch.env``: one ``export NAME='value'`` per variable, for ``set -a; . launch.env``.
+
+    Spaces, quotes, ``$``, ``;`` and newlines reach the program unchanged;
+    :func:`fsdp_workflow.config.accelerate_env.read_launch_env` parses it back.
+
+    Raises:
+        ValueError: see :func:`exports`; the message is prefixed with ``launch.env``.
+    """
+    try:
+        return LAUNCH_ENV_HEADER + "".join(line + "\n" for line in exports(env))
+    except ValueError as err:
+        raise ValueError(f"{LAUNCH_ENV_FILE}: {err}") from None
+
+
+# ---------------------------------------------------------------- containers
+def env_filter_program(f: EnvFilter) -> str:
+    """A constant bash program: re-export the pass-through variables for ``apptainer exec --cleanenv``.
+
+    Apptainer honours ``APPTAINERENV_<NAME>`` even under ``--cleanenv``; any such
+    variable already in the user's shell is dropped first. No config value is
+    ever part of it.
+    """
+    drop = "|".join(f"{p}*" for p in f.drop_prefixes)
+    keep = "|".join([f"{p}*" for p in f.pass_prefixes] + list(f.pass_names))
+    return ('for n in $(compgen -e); do case "$n" in '
+            f'{drop}) unset "$n";; '
+            f'{keep}) export "{f.export_prefix}$n=${{!n}}";; '
+            'esac; done; exec "$@"')
+
+
+def wrapped_argv(cmd: ContainerCommand, argv: List[str]) -> List[str]:
+    """A step's argv inside the image: env filter (Apptainer), runtime, in-image ``env``, then the step."""
+    head = ["bash", "-c", env_filter_program(cmd.env_filter), ENV_FILTER_ARGV0] if cmd.env_filter else []
+    return head + list(cmd.prefix) + list(argv)
+
+
+# ---------------------------------------------------------------- pieces of job scripts
 def _sbatch_header(job: SbatchJob) -> List[str]:
     lines = ["#!/bin/bash"]
     for key, value in job.options:
@@ -56,20 +124,19 @@ def _run_dir_lines(plan: LaunchPlan) -> List[str]:
     return [f"RUN_DIR={shlex.quote(str(plan.run_dir))}"]
 
 
-# torchrun's default list plus Slurm's pre-timeout SIGUSR2.
-FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+def _in_run_dir(name: str) -> str:
+    """``"$RUN_DIR/name"`` for a name from the run-directory contract (a constant, never config)."""
+    return f'"$RUN_DIR/{name}"'
 
 
 def launcher_signal_lines(plan: LaunchPlan) -> List[str]:
     """Make the launcher pass SIGUSR2/SIGTERM on to every rank and wait for their checkpoint.
 
     torchrun starts each rank in a session of its own, so a signal sent to torchrun
-    (by the local CLI, or by Slurm where it does not signal the ranks themselves)
     reaches the ranks only if torchrun re-sends it; it then waits
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. ``PET_SIGNALS_TO_HANDLE``
     is the variable form of ``--signals-to-handle``, read by torchrun's parser and so
-    by ``accelerate launch``, which runs the same agent in-process;
-    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` would do nothing (torchrun overwrites it).
+    by ``accelerate launch``, which runs the same agent in-process.
     """
     return [
         "# torchrun starts each rank in a session of its own: a signal sent to torchrun reaches",
@@ -82,33 +149,8 @@ def launcher_signal_lines(plan: LaunchPlan) -> List[str]:
     ]
 
 
-def render_train_node(plan: LaunchPlan) -> str:
-    """What one task per node runs: load launch.env, then start this node's ranks."""
-    lines = [
-        "#!/bin/bash",
-        HEADER,
-        "# Runs once per node (srun --ntasks-per-node=1). SLURM_NODEID is read here, in the",
-        "# task, so every node gets its own rank; the batch shell would expand it to 0.",
-        "set -euo pipefail",
-        *_run_dir_lines(plan),
-        'set -a; . "$RUN_DIR/' + LAUNCH_ENV_FILE + '"; set +a',
-        ': "${MASTER_ADDR:?MASTER_ADDR is set by train.sbatch (first host of the allocation)}"',
-        ': "${MASTER_PORT:?MASTER_PORT is set by train.sbatch (derived from the job id)}"',
-        'echo "[fsdp_workflow] host $(hostname) node_rank ${SLURM_NODEID:-0} of '
-        f'{plan.nnodes} master $MASTER_ADDR:$MASTER_PORT" >&2',
-        *launcher_signal_lines(plan),
-        "exec " + shell_join(plan.node_script_argv),
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def rendezvous_lines(plan: LaunchPlan) -> List[str]:
-    """MASTER_ADDR/MASTER_PORT in the batch shell.
-
-    Must agree with :func:`fsdp_workflow.launch.rendezvous.rendezvous_env`, which the
-    submitit path runs in Python (tests/launch compares the two).
-    """
+    """MASTER_ADDR/MASTER_PORT in the batch shell: the first host, a port from the job id."""
     return [
         "# Rendezvous on the first host of the allocation, never localhost.",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -126,26 +168,16 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
     return lines
 
 
-def pre_step_lines(plan: LaunchPlan) -> List[str]:
-    """Before the training step: the site environment; forget a marker left by an earlier run."""
-    return [
-        *site_env_lines(plan),
-        *_run_dir_lines(plan),
-        f"MAX_REQUEUES={plan.max_requeues}",
-        f'rm -f "$RUN_DIR/{REQUEUE_MARKER}"',
-    ]
-
-
 def requeue_lines() -> List[str]:
     """Right after the training step, in the batch shell: requeue (bounded) or pass the exit code on.
 
     The decision is taken here, outside the step, so ``srun --kill-on-bad-exit`` can
-    never kill the process that decides. Used by train.sbatch and, as submitit's
-    ``teardown``, by the submitit path.
+    never kill the process that decides.
     """
+    marker = _in_run_dir(REQUEUE_MARKER)
     return [
         "rc=$?",
-        f'if [ "$rc" -ne 0 ] && [ -f "$RUN_DIR/{REQUEUE_MARKER}" ]; then',
+        f'if [ "$rc" -ne 0 ] && [ -f {marker} ]; then',
         '  if [ "${SLURM_RESTART_COUNT:-0}" -lt "$MAX_REQUEUES" ]; then',
         '    echo "[fsdp_workflow] checkpoint saved on a signal: requeueing job $SLURM_JOB_ID" >&2',
         '    scontrol requeue "$SLURM_JOB_ID"',
@@ -157,13 +189,39 @@ def requeue_lines() -> List[str]:
     ]
 
 
+# ---------------------------------------------------------------- scripts
+def render_train_node(plan: LaunchPlan) -> str:
+    """What one task per node runs: load launch.env, then start this node's ranks."""
+    lines = [
+        "#!/bin/bash",
+        HEADER,
+        "# Runs once per node (srun --ntasks-per-node=1). SLURM_NODEID is read here, in the",
+        "# task, so every node gets its own rank; the batch shell would expand it to 0.",
+        "set -euo pipefail",
+        *_run_dir_lines(plan),
+        f"set -a; . {_in_run_dir(LAUNCH_ENV_FILE)}; set +a",
+        ': "${MASTER_ADDR:?MASTER_ADDR is set by train.sbatch (first host of the allocation)}"',
+        ': "${MASTER_PORT:?MASTER_PORT is set by train.sbatch (derived from the job id)}"',
+        'echo "[fsdp_workflow] host $(hostname) node_rank ${SLURM_NODEID:-0} of '
+        f'{plan.nnodes} master $MASTER_ADDR:$MASTER_PORT" >&2',
+        *launcher_signal_lines(plan),
+        "exec " + shell_join(plan.node_script_argv),
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def render_train_sbatch(plan: LaunchPlan) -> str:
     job = plan.train
     lines = _sbatch_header(job) + [
         HEADER,
         "set -uo pipefail",
-        *pre_step_lines(plan),
-        *_exports(plan.nccl_env),
+        *site_env_lines(plan),
+        *_run_dir_lines(plan),
+        f"MAX_REQUEUES={plan.max_requeues}",
+        # forget a marker left by an earlier run: it would turn a later failure into "requeue me"
+        f"rm -f {_in_run_dir(REQUEUE_MARKER)}",
+        *exports(plan.nccl_env),
         *rendezvous_lines(plan),
         'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
         '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
@@ -188,108 +246,112 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
     return "\n".join(lines)
 
 
-def render_consolidate_sbatch(plan: LaunchPlan) -> str:
-    assert plan.consolidate is not None
+def render_consolidate_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
     return _single_step_sbatch(
-        plan, plan.consolidate, "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).", [])
+        plan, job, "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).", [])
 
 
-def sbatch_argv(job: SbatchJob, script: str) -> List[str]:
-    argv = ["sbatch", "--parsable"]
-    for key, value in sorted(job.path_options.items()):
-        argv.append(f"--{key}={value}")
-    return argv + [script]
+def render_eval_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
+    """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``."""
+    return _single_step_sbatch(
+        plan, job,
+        "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
+        ['STEP=${1:?usage: sbatch eval.sbatch STEP}'])
+
+
+def _submit_lines(plan: LaunchPlan, job: SbatchJob, submitted: List[SbatchJob]) -> List[str]:
+    """Submit one job of the chain; on failure cancel the jobs already submitted and stop."""
+    var = f"{job.role}_id"
+    after = Expand(f"${{{job.after}_id}}") if job.after else None
+    cmd = sbatch_argv(job, plan.run_dir, after)
+    if submitted:
+        earlier = " and ".join(f"{NOUN[j.role]} job ${j.role}_id" for j in submitted)
+        failed = [f'  echo "submit.sh: sbatch of the {NOUN[job.role]} job failed; cancelling {earlier}" >&2',
+                  "  scancel " + " ".join(f'"${j.role}_id"' for j in submitted) + " || true"]
+    else:
+        failed = [f'  echo "submit.sh: sbatch of the {NOUN[job.role]} job failed (see the message above); '
+                  'nothing submitted" >&2']
+    return [f"if ! {var}=$(" + shell_join(cmd) + "); then", *failed, "  exit 1", "fi", f"{var}=${{{var}%%;*}}"]
 
 
 def render_submit(plan: LaunchPlan) -> str:
     """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node.
 
-    If the consolidation cannot be submitted, the training job is cancelled: nothing
-    is left half-submitted.
+    ``python -m fsdp_workflow`` submits the same ``sbatch`` commands
+    (:func:`fsdp_workflow.plan.jobs.sbatch_argv`). If a later job cannot be
+    submitted, the earlier ones are cancelled: nothing is left half-submitted.
     """
-    train_cmd = sbatch_argv(plan.train, str(plan.run_dir / TRAIN_SBATCH))
     lines = [
         "#!/bin/bash",
         HEADER,
         "# Submit the chain without Python: bash submit.sh",
         "set -euo pipefail",
         *_run_dir_lines(plan),
-        'mkdir -p "$RUN_DIR/logs"',
-        "if ! train_id=$(" + shell_join(train_cmd) + "); then",
-        '  echo "submit.sh: sbatch of the training job failed (see the message above); nothing submitted" >&2',
-        "  exit 1",
-        "fi",
-        'train_id=${train_id%%;*}',
+        "mkdir -p " + shell_word(str(plan.layout.logs)),
     ]
-    if plan.consolidate is not None:
-        cons_cmd = sbatch_argv(plan.consolidate, str(plan.run_dir / CONSOLIDATE_SBATCH))
-        cons_cmd = cons_cmd[:2] + [Expand("--dependency=afterok:${train_id}"), "--kill-on-invalid-dep=yes"] + cons_cmd[2:]
-        lines += [
-            "if ! cons_id=$(" + shell_join(cons_cmd) + "); then",
-            '  echo "submit.sh: sbatch of the consolidation job failed; cancelling training job $train_id" >&2',
-            '  scancel "$train_id" || true',
-            "  exit 1",
-            "fi",
-            'cons_id=${cons_id%%;*}',
-            f'echo "train $train_id" >> "$RUN_DIR/{JOBS_FILE}"',
-            f'echo "consolidate $cons_id" >> "$RUN_DIR/{JOBS_FILE}"',
-            'echo "training job:      $train_id"',
-            'echo "consolidation job: $cons_id (afterok:$train_id)"',
-        ]
-    else:
-        lines += [
-            f'echo "train $train_id" >> "$RUN_DIR/{JOBS_FILE}"',
-            'echo "training job:      $train_id"',
-        ]
+    for i, job in enumerate(plan.chain):
+        lines += _submit_lines(plan, job, plan.chain[:i])
+    jobs = _in_run_dir(plan.layout.jobs.name)
+    lines += [f'echo "{job.role} ${job.role}_id" >> {jobs}' for job in plan.chain]
+    for job in plan.chain:
+        after = f" (afterok:${job.after}_id)" if job.after else ""
+        lines.append(f'echo "{NOUN[job.role] + " job:":<19}${job.role}_id{after}"')
     lines += [
-        'echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j $train_id"',
+        f'echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j ${plan.train.role}_id"',
         "",
     ]
     return "\n".join(lines)
 
 
-def render_eval_sbatch(plan: LaunchPlan) -> str:
-    """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``."""
-    assert plan.eval_job is not None
-    return _single_step_sbatch(
-        plan, plan.eval_job,
-        "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
-        ['STEP=${1:?usage: sbatch eval.sbatch STEP}'])
+def render_post_checkpoint(plan: LaunchPlan, job: SbatchJob) -> str:
+    """``bash post_checkpoint.sh STEP``: run by rank 0 after ``step-STEP`` is committed.
 
-
-def render_submit_eval(plan: LaunchPlan) -> str:
-    """``bash submit_eval.sh STEP``: what rank 0 runs after each checkpoint (from a clean env)."""
-    assert plan.eval_job is not None
-    cmd = sbatch_argv(plan.eval_job, str(plan.run_dir / EVAL_SBATCH))
-    # One evaluation at a time per run: later ones wait (singleton), training never does.
-    cmd = cmd[:2] + ["--dependency=singleton"] + cmd[2:] + [Expand("${STEP}")]
+    Hard-links the checkpoint for its evaluation job (the trainer's ``keep_last``
+    pruning may delete ``step-STEP`` while the job waits; links keep the files and
+    cost no copy) and submits ``eval.sbatch STEP``, one evaluation at a time
+    (``singleton``). The training job's Slurm and torchrun variables are dropped
+    first, so sbatch does not take them for the new job's settings.
+    """
+    layout = plan.layout
+    snapshot_parent = layout.eval_snapshot(0).parent
+    cmd = sbatch_argv(job, plan.run_dir, extra=("--dependency=singleton",)) + [Expand("${STEP}")]
+    strip = "|".join(f"{p}*" for p in JOB_STATE_PREFIXES)
     lines = [
         "#!/bin/bash",
         HEADER,
-        "# Submit the evaluation of one saved checkpoint: bash submit_eval.sh STEP",
+        "# Run by rank 0 after each committed checkpoint: bash post_checkpoint.sh STEP",
         "set -euo pipefail",
         *_run_dir_lines(plan),
-        'STEP=${1:?usage: bash submit_eval.sh STEP}',
-        'case "$STEP" in ""|*[!0-9]*) echo "submit_eval.sh: STEP must be a number, got $STEP" >&2; exit 2;; esac',
+        'STEP=${1:?usage: bash post_checkpoint.sh STEP}',
+        'case "$STEP" in ""|*[!0-9]*) echo "post_checkpoint.sh: STEP must be a number, got $STEP" >&2; '
+        f"exit {EXIT_USAGE};; esac",
+        "# The training job's variables would describe it to the new job; which cluster (SLURM_CONF) stays.",
+        f'for n in $(compgen -e); do case "$n" in SLURM_CONF) ;; {strip}) unset "$n";; esac; done',
+        "unset " + " ".join(JOB_STATE_NAMES),
+        f"src={shell_word(str(layout.checkpoints))}/{STEP_PREFIX}$STEP",
+        f"snap={shell_word(str(snapshot_parent))}/{STEP_PREFIX}$STEP",
+        'rm -rf "$snap"; mkdir -p "${snap%/*}"',
+        'cp -al "$src" "$snap"',
         "eval_id=$(" + shell_join(cmd) + ")",
-        'eval_id=${eval_id%%;*}',
-        f'echo "eval-step-$STEP $eval_id" >> "$RUN_DIR/{JOBS_FILE}"',
+        "eval_id=${eval_id%%;*}",
+        f'echo "{job.role}-{STEP_PREFIX}$STEP $eval_id" >> {_in_run_dir(layout.jobs.name)}',
         'echo "$eval_id"',
         "",
     ]
     return "\n".join(lines)
 
 
-def render_all(plan: LaunchPlan) -> dict:
+def render_all(plan: LaunchPlan) -> Dict[str, str]:
     """Every script of the run directory, by file name."""
     out = {
         TRAIN_NODE_SCRIPT: render_train_node(plan),
         TRAIN_SBATCH: render_train_sbatch(plan),
-        "submit.sh": render_submit(plan),
+        SUBMIT_SCRIPT: render_submit(plan),
     }
-    if plan.consolidate is not None:
-        out[CONSOLIDATE_SBATCH] = render_consolidate_sbatch(plan)
+    for job in plan.chain[1:]:
+        out[job.script] = render_consolidate_sbatch(plan, job)
     if plan.eval_job is not None:
-        out[EVAL_SBATCH] = render_eval_sbatch(plan)
-        out[SUBMIT_EVAL_SCRIPT] = render_submit_eval(plan)
+        out[EVAL_SBATCH] = render_eval_sbatch(plan, plan.eval_job)
+        out[POST_CHECKPOINT_HOOK] = render_post_checkpoint(plan, plan.eval_job)
     return out
+

@@ -13,8 +13,6 @@ run's checkpoints under the new config. Slurm requeues rerun the written
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -25,12 +23,14 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fsdp_workflow.config.accelerate_env import accelerate_env, write_launch_env
+from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import ConfigError, Issue, show_value
 from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
-from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.plan.render import render_all
-from fsdp_workflow.plan.spec import CONFIG_FILE, LAUNCH_ENV_FILE, LOG_DIR, LaunchPlan, build_plan
+from fsdp_workflow.config.schema import WorkflowConfig, run_layout
+from fsdp_workflow.core.rundir import CONFIG_FILE, STEP_PREFIX, atomic_write_json, atomic_write_text
+from fsdp_workflow.plan.jobs import LaunchPlan
+from fsdp_workflow.plan.render import render_all, render_launch_env
+from fsdp_workflow.plan.spec import build_plan
 
 
 def git_revision() -> str:
@@ -49,13 +49,6 @@ def git_revision() -> str:
         return rev or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 # Keys a resubmission of the same run may change. dry_run: plan first, then run.
@@ -139,8 +132,8 @@ def check_run_dir_reuse(cfg: WorkflowConfig) -> None:
     Raises:
         ConfigError: on key ``run_dir``, listing the first differing keys and the fix.
     """
-    run_dir = Path(cfg.run_dir)
-    old_file = run_dir / CONFIG_FILE
+    layout = run_layout(cfg)
+    run_dir, old_file = layout.root, layout.config
     if not old_file.is_file() or _resumes_inside(cfg.checkpoint.resume, run_dir):
         return
     diffs = config_differences(old_file, cfg)
@@ -152,7 +145,7 @@ def check_run_dir_reuse(cfg: WorkflowConfig) -> None:
         "run_dir", cfg.run_dir,
         f"it holds a run with a different config ({old_file}): {shown}{more}; planning here would "
         "overwrite that run's record and resume from its checkpoints under the new config",
-        f"a new run_dir=DIR for a new run, or checkpoint.resume={run_dir / 'checkpoints'}/step-N "
+        f"a new run_dir=DIR for a new run, or checkpoint.resume={layout.checkpoints}/{STEP_PREFIX}N "
         "to continue that run under the new config on purpose",
     )])
 
@@ -169,19 +162,20 @@ def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
     """
     check_run_dir_reuse(cfg)
     plan = build_plan(cfg)
-    run_dir = plan.run_dir
-    (run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / CONFIG_FILE, to_yaml(cfg))
-    write_launch_env(accelerate_env(cfg), run_dir / LAUNCH_ENV_FILE)
+    launch_env = render_launch_env(accelerate_env(cfg))  # may refuse a value: before anything is written
     scripts: Dict[str, str] = render_all(plan)
+    layout = plan.layout
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's directory
+    atomic_write_text(layout.config, to_yaml(cfg))
+    atomic_write_text(layout.launch_env, launch_env)
     for name, text in scripts.items():
-        _atomic_write(run_dir / name, text, 0o755)
-    provenance = {
+        atomic_write_text(layout.script(name), text, 0o755)
+    atomic_write_json(layout.provenance, {
         "git_revision": git_revision(),
         "command": sys.argv,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,
-        "files": sorted([CONFIG_FILE, LAUNCH_ENV_FILE, *scripts]),
-    }
-    _atomic_write(run_dir / "provenance.json", json.dumps(provenance, indent=2) + "\n")
+        "files": sorted([layout.config.name, layout.launch_env.name, *scripts]),
+    })
     return plan

@@ -1,17 +1,18 @@
-"""The launch as data.
+"""Build the launch as data from a validated config (:func:`build_plan`).
 
-A :class:`LaunchPlan` holds everything the job scripts do, as plain values and
-argument lists: ``#SBATCH`` options, exported variables and the commands each
-step runs. :mod:`fsdp_workflow.plan.render` turns it into text; the Slurm
-launcher submits the same data through submitit. Building it never touches
-the filesystem, so a dry run and a real submission cannot diverge.
+A :class:`~fsdp_workflow.plan.jobs.LaunchPlan` holds everything the job scripts
+do, as plain values and argument lists: ``#SBATCH`` options, exported variables
+and the commands each step runs, every step wrapped for ``cfg.container``.
+:mod:`fsdp_workflow.plan.render` turns it into text, and both submission routes
+(``submit.sh`` and ``python -m fsdp_workflow``) submit those same scripts.
+Building it never touches the filesystem, so a dry run and a real submission
+cannot diverge.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
@@ -20,62 +21,24 @@ from fsdp_workflow.config.schema import (
     Launcher,
     OutputDtype,
     WorkflowConfig,
+    run_layout,
     world_size,
 )
+from fsdp_workflow.container import container_command, srun_container_args
+from fsdp_workflow.core.rundir import CONSOLIDATE_SBATCH, EVAL_SBATCH, TRAIN_NODE_SCRIPT, TRAIN_SBATCH, RunDir
+from fsdp_workflow.plan.jobs import Expand, LaunchPlan, SbatchJob
+from fsdp_workflow.plan.render import wrapped_argv
 
-# Files a run directory holds; every stage refers to them through these names.
-CONFIG_FILE = "config.yaml"
-LAUNCH_ENV_FILE = "launch.env"
-TRAIN_SBATCH = "train.sbatch"
-TRAIN_NODE_SCRIPT = "train_node.sh"
-CONSOLIDATE_SBATCH = "consolidate.sbatch"
-SUBMIT_SCRIPT = "submit.sh"
-EVAL_SBATCH = "eval.sbatch"  # consolidate + evaluate one checkpoint (consolidate.every_checkpoint)
-SUBMIT_EVAL_SCRIPT = "submit_eval.sh"  # bash submit_eval.sh STEP: what rank 0 runs per checkpoint
-EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint, with its step
-JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
-LOG_DIR = "logs"
+Options = List[Tuple[str, Optional[str]]]
 
-class Expand(str):
-    """An argument the job's shell must expand at run time (``${SLURM_NODEID:-0}``).
 
-    Only code in this package creates these, from constants; config values are
-    always plain ``str`` and are quoted by the renderer.
+def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
+    """A step's command, run inside ``cfg.container``'s image (unchanged without one).
+
+    Raises:
+        ValueError: an unknown step, or a bind that cannot be parsed.
     """
-
-
-
-
-@dataclass
-class SbatchJob:
-    """One Slurm job: header options (no paths), path options, and what it runs."""
-
-    role: str  # "train" or "consolidate"
-    options: List[Tuple[str, Optional[str]]]  # ("nodes", "2"); value None for flags
-    path_options: Dict[str, str]  # output/error: passed on the sbatch command line, quoted
-    step_argv: List[str] = field(default_factory=list)  # what the job's step runs
-
-
-@dataclass
-class LaunchPlan:
-    run_dir: Path
-    node_script_argv: List[str]  # torchrun (or accelerate launch) for one node, wrapped
-    consolidate_argv: List[str]  # python -m fsdp_workflow.consolidate ..., wrapped
-    train: SbatchJob
-    consolidate: Optional[SbatchJob]
-    max_requeues: int
-    master_port_base: int
-    port_range: int
-    nnodes: int
-    nccl_env: Dict[str, str]
-    eval_job: Optional[SbatchJob] = None  # per-checkpoint evaluation (consolidate.every_checkpoint)
-    shutdown_timeout_s: int = 30  # torchrun's wait for ranks after SIGTERM before SIGKILL
-    modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
-    env_script: Optional[str] = None  # sourced in every job, before the step
-
-
-def consolidated_dir(cfg: WorkflowConfig) -> Path:
-    return Path(cfg.consolidate.output_dir or Path(cfg.run_dir) / "hf_model")
+    return wrapped_argv(container_command(cfg, step), argv)
 
 
 def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
@@ -111,11 +74,11 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
     ]
 
 
-def consolidate_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
+def consolidate_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
     """The consolidation command, shared by the local launcher and consolidate.sbatch."""
     argv = [
         "python", "-m", "fsdp_workflow.consolidate",
-        str(run_dir / "checkpoints"), str(consolidated_dir(cfg)),
+        str(layout.checkpoints), str(layout.hf_model),
         "--max-shard-size", cfg.consolidate.max_shard_size,
     ]
     if cfg.consolidate.dtype != OutputDtype.keep:
@@ -137,16 +100,16 @@ def _sbatch_value(key: str, value: object) -> str:
     return text
 
 
-def _common_options(cfg: WorkflowConfig, partition: Optional[str]) -> List[Tuple[str, Optional[str]]]:
+def _common_options(cfg: WorkflowConfig, partition: Optional[str]) -> Options:
     c = cfg.cluster
-    opts: List[Tuple[str, Optional[str]]] = []
+    opts: Options = []
     for key, value in (("partition", partition), ("account", c.account), ("qos", c.qos)):
         if value:
             opts.append((key, _sbatch_value(key, value)))
     return opts
 
 
-def _cpu_job_options(cfg: WorkflowConfig, role: str) -> List[Tuple[str, Optional[str]]]:
+def _cpu_job_options(cfg: WorkflowConfig, role: str) -> Options:
     """One task on one node with the consolidation resources (consolidation and evaluation jobs)."""
     c = cfg.cluster
     opts = [("job-name", _sbatch_value("name", f"{cfg.name}-{role}"))]
@@ -160,22 +123,11 @@ def _cpu_job_options(cfg: WorkflowConfig, role: str) -> List[Tuple[str, Optional
     ]
 
 
-def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
-    """Build the whole launch as data, each step wrapped for ``cfg.container``.
-
-    Args:
-        cfg: a validated config.
-    """
-    from fsdp_workflow.plan.container import srun_container_args, wrap_argv
-
-    def wrap(argv: List[str], step: str) -> List[str]:
-        return wrap_argv(cfg, argv, step)
+def _train_options(cfg: WorkflowConfig) -> Options:
+    """The training job's ``#SBATCH`` options: resources, signal, requeue, extra parameters."""
     c = cfg.cluster
-    run_dir = Path(cfg.run_dir).absolute()
-    log_dir = Path(c.log_dir).absolute() if c.log_dir else run_dir / LOG_DIR
     gpus = c.gpus_per_node if c.gpus_per_node is not None else (
         c.processes_per_node if c.device == Device.cuda else 0)
-
     opts = [("job-name", _sbatch_value("name", f"{cfg.name}-train"))]
     opts += _common_options(cfg, c.partition)
     opts += [
@@ -200,43 +152,59 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     ]
     for key, value in sorted(c.additional_parameters.items()):
         opts.append((_sbatch_value("additional_parameters", key), _sbatch_value(f"additional_parameters.{key}", value)))
+    return opts
 
-    node_argv = wrap(launcher_argv(cfg, run_dir), "train")
-    train = SbatchJob(
-        role="train",
-        options=opts,
-        path_options={"output": str(log_dir / "train-%j.out")},
-        step_argv=["srun", "--kill-on-bad-exit=1", f"--nodes={c.nodes}", "--ntasks-per-node=1",
-                   *srun_container_args(cfg, "train"), "bash", str(run_dir / TRAIN_NODE_SCRIPT)],
+
+def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
+    """One task per node runs ``train_node.sh``; a rank that dies fails the whole step."""
+    n = cfg.cluster.nodes
+    return SbatchJob(
+        role="train", script=TRAIN_SBATCH, options=_train_options(cfg),
+        path_options={"output": str(layout.log_pattern("train"))},
+        step_argv=["srun", "--kill-on-bad-exit=1", f"--nodes={n}", "--ntasks-per-node=1",
+                   *srun_container_args(cfg, "train"), "bash", str(layout.script(TRAIN_NODE_SCRIPT))],
     )
 
-    cons_argv = wrap(consolidate_argv(cfg, run_dir), "consolidate")
-    consolidate = None
+
+def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
+             after: Optional[str] = None) -> SbatchJob:
+    """A one-task CPU job (consolidation, evaluation) with the consolidation resources."""
+    pyxis = srun_container_args(cfg, step)
+    return SbatchJob(
+        role=role, script=script, options=_cpu_job_options(cfg, role),
+        path_options={"output": str(layout.log_pattern(role))},
+        # pyxis needs a step to attach the image to; otherwise run in the batch shell
+        step_argv=["srun", "--ntasks=1", *pyxis, *argv] if pyxis else argv,
+        after=after,
+    )
+
+
+def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
+    """Build the whole launch as data, each step wrapped for ``cfg.container``.
+
+    Args:
+        cfg: a validated config.
+
+    Raises:
+        ValueError: a value no script can carry (named by key).
+    """
+    c = cfg.cluster
+    layout = run_layout(cfg)
+    chain = [_train_job(cfg, layout)]
+    cons_argv: List[str] = []
     if cfg.consolidate.enabled:
-        consolidate = SbatchJob(
-            role="consolidate",
-            options=_cpu_job_options(cfg, "consolidate"),
-            path_options={"output": str(log_dir / "consolidate-%j.out")},
-            # pyxis needs a step to attach the image to; otherwise run in the batch shell
-            step_argv=(["srun", "--ntasks=1", *pyxis, *cons_argv] if (pyxis := srun_container_args(cfg, "consolidate"))
-                       else cons_argv),
-        )
+        cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
+        chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train"))
     eval_job = None
     if cfg.consolidate.every_checkpoint:
-        # consolidate.every_checkpoint: the consolidation job's CPU resources, per checkpoint
-        eval_argv = ["python", "-m", "fsdp_workflow.launch.evaluate", str(run_dir), Expand("${STEP}")]
-        eval_job = SbatchJob(
-            role="eval",
-            options=_cpu_job_options(cfg, "eval"),
-            path_options={"output": str(log_dir / "eval-%j.out")},
-            step_argv=wrap(eval_argv, "evaluate"),
-        )
+        eval_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.evaluate", str(layout.root), Expand("${STEP}")],
+                              "evaluate")
+        eval_job = _cpu_job(cfg, layout, "eval", EVAL_SBATCH, "evaluate", eval_argv)
     return LaunchPlan(
-        run_dir=run_dir,
-        node_script_argv=node_argv,
+        layout=layout,
+        node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), "train"),
         consolidate_argv=cons_argv,
-        train=train,
-        consolidate=consolidate,
+        chain=chain,
         max_requeues=c.max_requeues,
         master_port_base=c.master_port_base,
         port_range=c.port_range,

@@ -10,7 +10,7 @@ DEF = ROOT / "containers" / "fsdp_workflow.def"
 DOCKERFILE = ROOT / "containers" / "Dockerfile"
 # A pinned tag names the torch and CUDA versions; an optional digest must be a full sha256.
 PINNED = re.compile(r"^[\w.\-/]+:\d+\.\d+\.\d+-cuda\d+\.\d+[\w.\-]*(@sha256:[0-9a-f]{64})?$")
-IMPORTS = ("torch", "transformers", "accelerate", "safetensors", "hydra", "submitit", "fsdp_workflow")
+IMPORTS = ("torch", "transformers", "accelerate", "safetensors", "hydra", "fsdp_workflow")
 
 
 def parse_def(text: str) -> tuple[dict, dict]:

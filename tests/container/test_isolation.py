@@ -1,6 +1,6 @@
 """A real step in a namespace holding only the bound paths (bubblewrap stands in for Apptainer).
 
-The wrapped command from :func:`fsdp_workflow.container.wrap_argv` runs unchanged: the
+The wrapped command from :func:`fsdp_workflow.plan.spec.wrap_argv` runs unchanged: the
 constant pass-through program filters the host environment, then ``apptainer exec`` is
 ``tests/container/fake_apptainer.py``, which builds a bubblewrap namespace from the same
 ``--bind`` list (plus read-only /usr, /lib*, /bin, /etc, the Python prefix and the
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.container import wrap_argv
+from fsdp_workflow.plan.spec import wrap_argv
 from fsdp_workflow.plan.run_dir import write_run_dir
 
 FAKE = Path(__file__).with_name("fake_apptainer.py")

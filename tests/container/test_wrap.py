@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.config.validate import validate
-from fsdp_workflow.container import bind_list, bind_paths, srun_container_args, wrap_argv
-from fsdp_workflow.container.wrap import PASS_ENV_PROGRAM
-from fsdp_workflow.plan.render import render_all
-from fsdp_workflow.plan.spec import build_plan
+from fsdp_workflow.container import EnvFilter, bind_list, bind_paths, srun_container_args
+from fsdp_workflow.plan.checks import check as validate
+from fsdp_workflow.plan.render import env_filter_program, render_all
+from fsdp_workflow.plan.spec import build_plan, wrap_argv
+
+PASS_ENV_PROGRAM = env_filter_program(EnvFilter())
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"

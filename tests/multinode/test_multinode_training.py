@@ -2,9 +2,9 @@
 
     python -m pytest tests/multinode/test_multinode_training.py
 
-The run goes through the real CLI and the real submission path (submitit: one
-task per node, each running ``train_node.sh`` -> ``torchrun --nnodes=2``), then
-the dependent consolidation job. The nodes n1 and n2 are network namespaces
+The run goes through the real CLI and the real submission path (``sbatch
+train.sbatch``: one task per node, each running ``train_node.sh`` ->
+``torchrun --nnodes=2``), then the dependent consolidation job. The nodes n1 and n2 are network namespaces
 joined by a bridge: the ranks meet over TCP at ``n1:<port from the job id>``,
 exactly as on a real cluster, though they share this machine's CPUs, PID
 namespace and filesystem.
@@ -57,8 +57,8 @@ def jobs(run_dir: Path) -> dict[str, int]:
 
 
 def train_logs(run_dir: Path, job_id: int) -> str:
-    """Every task log of the training job (submitit writes one per task: <id>_<task>_log.out)."""
-    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").rglob(f"{job_id}_*_log.*")))
+    """The training job's log: every node's task writes into train-<id>.out (srun's default)."""
+    return su.read_log(run_dir / "logs" / f"train-{job_id}.out")
 
 
 def all_logs(run_dir: Path) -> str:

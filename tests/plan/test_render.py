@@ -28,17 +28,23 @@ def _cfg(experiment: str, run_dir: str, *extra: str):
     return compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir='{run_dir}'", *extra])
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_scripts_match_golden(experiment: str) -> None:
-    scripts = render_all(build_plan(_cfg(experiment, f"/runs/{experiment}")))
+VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"])}
+
+
+@pytest.mark.parametrize("variant", EXPERIMENTS + list(VARIANTS))
+def test_scripts_match_golden(variant: str) -> None:
+    experiment, extra = VARIANTS.get(variant, (variant, []))
+    scripts = render_all(build_plan(_cfg(experiment, f"/runs/{experiment}", *extra)))
+    if variant in VARIANTS:
+        assert {"eval.sbatch", "post_checkpoint.sh"} <= set(scripts)
     for name, text in scripts.items():
-        path = GOLDEN / experiment / name
+        path = GOLDEN / variant / name
         if REGEN:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         assert path.exists(), f"missing golden file {path}; regenerate with FSDP_WORKFLOW_REGEN_GOLDEN=1"
         assert text == path.read_text(), (
-            f"{name} for {experiment} differs from {path}. If the change is intended, regenerate "
+            f"{name} for {variant} differs from {path}. If the change is intended, regenerate "
             "with FSDP_WORKFLOW_REGEN_GOLDEN=1 python -m pytest tests/plan/test_render.py and review the diff."
         )
 

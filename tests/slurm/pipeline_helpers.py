@@ -46,6 +46,15 @@ def logs(run_dir: Path, tail_chars: int = 4000) -> str:
     return "\n".join(parts)
 
 
+def assert_batch_scripts_recorded(run_dir: Path, ids: Dict[str, int]) -> None:
+    """Every job's batch script, as Slurm holds it, is byte for byte the one in the run directory."""
+    for role, job_id in ids.items():
+        script = run_dir / ("eval.sbatch" if role.startswith("eval-") else f"{role}.sbatch")
+        held = su._run(["scontrol", "write", "batch_script", str(job_id), "-"])
+        assert held.returncode == 0, held.stderr
+        assert held.stdout == script.read_text(), f"job {job_id} ({role}) ran a script that is not {script}"
+
+
 def wait_done(run_dir: Path, job_id: int, timeout_s: float) -> dict:
     rec = su.wait_for_job(job_id, timeout_s=timeout_s)
     return rec

@@ -1,4 +1,4 @@
-"""The whole chain on the real local Slurm: train (submitit or submit.sh), consolidate afterok.
+"""The whole chain on the real local Slurm: train (the CLI or submit.sh), consolidate afterok.
 
 Each test runs the smoke experiment (tiny Llama, 1 node x torchrun with 2 CPU
 ranks, fits 2 CPUs and 8 GB) with the real trainer and consolidator.
@@ -38,6 +38,7 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert "python -m fsdp_workflow.status" in proc.stdout and "tail -f" in proc.stdout
     rec = su.show_job(ids["consolidate"])
     assert rec["JobState"] == "PENDING" and f"afterok:{ids['train']}" in rec["Dependency"]
+    ph.assert_batch_scripts_recorded(run_dir, ids)  # what a user reads is what ran
     _assert_chain_completed(run_dir, ids)
     assert ph.metrics(run_dir)[-1]["step"] == 30
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
@@ -49,14 +50,21 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
 
 def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run sh"
-    proc = ph.run_cli(run_dir, "dry_run=true")
+    log_dir = tmp_path / "site logs"  # cluster.log_dir: created at planning, used by every job and by status
+    proc = ph.run_cli(run_dir, "dry_run=true", f"cluster.log_dir='{log_dir}'")
     assert proc.returncode == 0, proc.stderr
+    assert log_dir.is_dir()
     out = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     ids = ph.jobs(run_dir)
     assert set(ids) == {"train", "consolidate"}
+    ph.assert_batch_scripts_recorded(run_dir, ids)
     _assert_chain_completed(run_dir, ids)
-    assert (run_dir / "logs" / f"train-{ids['train']}.out").exists()
+    assert (log_dir / f"train-{ids['train']}.out").exists() and not (run_dir / "logs").exists()
+    status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
+                            capture_output=True, text=True, check=True)
+    logs = [j["log"] for j in json.loads(status.stdout)["jobs"]]
+    assert logs == [str(log_dir / f"{role}-{ids[role]}.out") for role in ("train", "consolidate")]
 
 
 def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
@@ -75,7 +83,7 @@ def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path
     assert cons["Reason"] == "DependencyNeverSatisfied", cons
     assert cons.get("StartTime") in (None, "Unknown", "None") or cons.get("RunTime") == "00:00:00"
     assert not (run_dir / "hf_model").exists()
-    assert not (run_dir / "logs" / "submitit" / f"{ids['consolidate']}_0_log.out").exists()
+    assert not (run_dir / "logs" / f"consolidate-{ids['consolidate']}.out").exists()
     st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
                         capture_output=True, text=True, check=True).stdout
     assert "failed" in st and "DependencyNeverSatisfied" in st
@@ -119,6 +127,7 @@ def test_every_checkpoint_submits_one_eval_job_per_checkpoint(slurm_cluster, tmp
     _assert_chain_completed(run_dir, ids)
     evals = {role: job for role, job in ph.jobs(run_dir).items() if role.startswith("eval-step-")}
     assert set(evals) == {"eval-step-15", "eval-step-30"}, ph.jobs(run_dir)
+    ph.assert_batch_scripts_recorded(run_dir, evals)
     for job in evals.values():
         rec = su.wait_for_job(job, timeout_s=180)
         assert rec["JobState"] == "COMPLETED", (rec, ph.logs(run_dir))

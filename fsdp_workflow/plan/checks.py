@@ -1,0 +1,22 @@
+"""Every check a config gets before anything is written: the config stage's rules, then the container's.
+
+Config sits below container in the stages (config <- container <- plan), so
+:func:`fsdp_workflow.config.validate.validate` cannot call the container
+stage's rule itself; this is the one place that runs both, and every caller
+that is about to write or submit (the CLI, each point of a sweep) asks it::
+
+    report = check(cfg)
+    report.raise_if_errors()   # one ConfigError listing every problem
+"""
+
+from __future__ import annotations
+
+from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.config.validate import validate
+from fsdp_workflow.container.checks import check_container_steps
+
+
+def check(cfg: WorkflowConfig) -> ValidationReport:
+    """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``."""
+    return validate(cfg, extra_rules=[check_container_steps])

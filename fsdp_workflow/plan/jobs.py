@@ -1,0 +1,112 @@
+"""The launch as data: jobs, their options, the commands they run, how they are submitted.
+
+:func:`fsdp_workflow.plan.spec.build_plan` fills these from a config;
+:mod:`fsdp_workflow.plan.render` turns them into the run directory's scripts;
+:mod:`fsdp_workflow.launch.slurm` runs the very ``sbatch`` commands that
+``submit.sh`` renders. Nothing here touches the filesystem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from fsdp_workflow.core.rundir import RunDir
+
+
+# What each role is called in messages ("training job: 123").
+NOUN = {"train": "training", "consolidate": "consolidation", "eval": "evaluation"}
+
+
+class Expand(str):
+    """An argument the job's shell must expand at run time (``${SLURM_NODEID:-0}``).
+
+    Only code in this package creates these, from constants; config values are
+    always plain ``str`` and are quoted by the renderer.
+    """
+
+
+@dataclass
+class SbatchJob:
+    """One Slurm job: header options (no paths), path options, and what it runs.
+
+    Attributes:
+        role: ``train``, ``consolidate`` or ``eval``; also the log file's prefix.
+        script: the batch script's file name in the run directory.
+        options: ``#SBATCH`` options, ``("nodes", "2")``; value None for flags.
+        path_options: ``--output``: passed on the sbatch command line, quoted, because
+            Slurm's header parser has no quoting for spaces or quotes.
+        step_argv: what the job's step runs.
+        after: the role this job waits for (``--dependency=afterok``), or None.
+    """
+
+    role: str
+    script: str
+    options: List[Tuple[str, Optional[str]]]
+    path_options: Dict[str, str]
+    step_argv: List[str] = field(default_factory=list)
+    after: Optional[str] = None
+
+
+def sbatch_argv(job: SbatchJob, run_dir: Path, after_id: Optional[str] = None,
+                extra: Tuple[str, ...] = ()) -> List[str]:
+    """The ``sbatch`` command that submits ``job``: the same list for ``submit.sh`` and for Python.
+
+    Args:
+        job: the job.
+        run_dir: where its batch script lies.
+        after_id: the job id it depends on (``afterok``), when ``job.after`` is set;
+            an :class:`Expand` such as ``${train_id}`` in a rendered script.
+        extra: more sbatch options, before the script (``--dependency=singleton``).
+    """
+    argv = ["sbatch", "--parsable"]
+    if job.after is not None:
+        if after_id is None:
+            raise ValueError(f"the {job.role} job waits for the {job.after} job: pass its id")
+        dep = f"--dependency=afterok:{after_id}"
+        # Cancelling (or failing) the job waited for cancels this one instead of leaving it pending forever.
+        argv += [Expand(dep) if isinstance(after_id, Expand) else dep, "--kill-on-invalid-dep=yes"]
+    argv += list(extra)
+    argv += [f"--{key}={value}" for key, value in sorted(job.path_options.items())]
+    return argv + [str(run_dir / job.script)]
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the run directory's scripts do, as values and argument lists.
+
+    Attributes:
+        layout: the run directory's paths (``cluster.log_dir``, ``consolidate.output_dir`` applied).
+        node_script_argv: the per-node launcher (torchrun or accelerate launch), wrapped for the container.
+        consolidate_argv: ``python -m fsdp_workflow.consolidate ...``, wrapped; empty when disabled.
+        chain: the jobs ``submit.sh`` submits, in order (train, then consolidate afterok).
+        eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
+        shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
+    """
+
+    layout: RunDir
+    node_script_argv: List[str]
+    consolidate_argv: List[str]
+    chain: List[SbatchJob]
+    max_requeues: int
+    master_port_base: int
+    port_range: int
+    nnodes: int
+    nccl_env: Dict[str, str]
+    eval_job: Optional[SbatchJob] = None
+    shutdown_timeout_s: int = 30
+    modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
+    env_script: Optional[str] = None  # sourced in every job, before the step
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.root
+
+    @property
+    def train(self) -> SbatchJob:
+        return self.chain[0]
+
+    @property
+    def consolidate(self) -> Optional[SbatchJob]:
+        return next((j for j in self.chain if j.role == "consolidate"), None)

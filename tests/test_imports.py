@@ -1,0 +1,204 @@
+"""The package's shape: stages only look down, no import cycles, run-directory names in one module.
+
+The imports are read from the source (``ast``), function-level ones included:
+a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
+
+    core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__
+                 ^----  train, consolidate (config and core only)
+                 ^----  evaluate (consolidate + train's data) ; status (core and config)
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+import fsdp_workflow
+from fsdp_workflow.core import rundir
+
+PACKAGE = Path(fsdp_workflow.__file__).parent
+
+# stage -> the stages it may import (besides itself)
+ALLOWED: Dict[str, Set[str]] = {
+    "core": set(),
+    "config": {"core"},
+    "container": {"core", "config"},
+    "plan": {"core", "config", "container"},
+    "launch": {"core", "config", "plan"},
+    "train": {"core", "config"},
+    "consolidate": {"core", "config"},
+    "evaluate": {"core", "config", "consolidate", "train"},
+    "status": {"core", "config"},
+    "__main__": {"core", "config", "container", "plan", "launch"},
+    "__init__": set(),
+}
+RUN_DIR_MODULE = "fsdp_workflow.core.rundir"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> Dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(path: Path, mods: Dict[str, Path]) -> Set[str]:
+    """The package modules ``path`` imports (module-level and function-level)."""
+    name = _module_name(path)
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for top in ast.walk(tree) if isinstance(top, ast.If) and _is_type_checking(top)
+            for n in ast.walk(top)}
+    found: Set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            if not base.startswith("fsdp_workflow"):
+                continue
+            for alias in node.names:  # `from pkg import module` imports the module
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("fsdp_workflow")}
+    return {m for m in found if m in mods} - {name}
+
+
+def _graph() -> Dict[str, Set[str]]:
+    mods = _modules()
+    return {name: _imports(path, mods) for name, path in mods.items()}
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def upward_edges(graph: Dict[str, Set[str]]) -> List[Tuple[str, str]]:
+    bad = []
+    for src, targets in graph.items():
+        s = _stage(src)
+        for dst in targets:
+            d = _stage(dst)
+            if d != s and d != "__init__" and d not in ALLOWED[s]:
+                bad.append((src, dst))
+    return sorted(bad)
+
+
+def test_every_stage_is_known() -> None:
+    assert {_stage(m) for m in _modules()} <= set(ALLOWED), "add the new stage to ALLOWED (and the docs)"
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_stages_only_look_down() -> None:
+    assert upward_edges(_graph()) == [], "an import against the stage order (see this module's docstring)"
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_edge() -> None:
+    """The checks themselves can fail: a made-up graph with both faults."""
+    graph = {"fsdp_workflow.config.a": {"fsdp_workflow.config.b"},
+             "fsdp_workflow.config.b": {"fsdp_workflow.config.a", "fsdp_workflow.plan.spec"},
+             "fsdp_workflow.plan.spec": set()}
+    assert _cycles(graph) == [["fsdp_workflow.config.a", "fsdp_workflow.config.b"]]
+    assert upward_edges(graph) == [("fsdp_workflow.config.b", "fsdp_workflow.plan.spec")]
+
+
+# ---------------------------------------------------------------- run-directory names
+# CACHE_DIR is left out: ".cache" is XDG's name too (the run's cache is XDG_CACHE_HOME by design).
+RUN_DIR_NAMES = {
+    value for key, value in vars(rundir).items()
+    if key.isupper() and isinstance(value, str) and key != "CACHE_DIR"
+    and key.endswith(("_FILE", "_DIR", "_SBATCH", "_SCRIPT", "_HOOK", "_MARKER"))
+}
+_AS_PATH = re.compile("/(" + "|".join(re.escape(n) for n in sorted(RUN_DIR_NAMES, key=len, reverse=True)) + r")(?![\w.])")
+
+
+def _string_constants(tree: ast.AST) -> List[Tuple[int, str]]:
+    """String constants and f-string pieces, docstrings excluded."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def _literal_offences(path: Path) -> List[str]:
+    """A run-directory name as a whole string, after a ``/``, or a ``step-`` prefix."""
+    found = []
+    for line, text in _string_constants(ast.parse(path.read_text())):
+        if (text in RUN_DIR_NAMES or text.startswith(rundir.STEP_PREFIX)
+                or _AS_PATH.search(text)):
+            found.append(f"{path.name}:{line}: {text!r}")
+    return found
+
+
+def test_run_dir_names_live_in_one_module() -> None:
+    assert len(RUN_DIR_NAMES) > 15  # the contract is what this test reads
+    offences = []
+    for name, path in _modules().items():
+        if name != RUN_DIR_MODULE:
+            offences += [f"{name}: {o}" for o in _literal_offences(path)]
+    assert offences == [], "ask fsdp_workflow.core.rundir for these paths:\n" + "\n".join(offences)
+
+
+@pytest.mark.parametrize("literal", ['CKPT = "checkpoints"', 'p = run_dir / "hf_model"', 'name = f"step-{n}"',
+                                     'msg = f"see {run}/logs/train.out"'])
+def test_the_literal_check_would_catch(tmp_path: Path, literal: str) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(f'"""A docstring may say checkpoints/step-N."""\n{literal}\n')
+    assert len(_literal_offences(bad)) == 1
