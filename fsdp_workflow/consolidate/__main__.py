@@ -72,11 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     v = result.verification
+    arch = v.get("architecture")
     summary = {
         "output": str(result.output), "layout": result.layout, "sources": [str(s) for s in result.sources],
         "tensors": result.num_tensors, "bytes": result.num_bytes, "files": result.files,
         "seconds": round(result.seconds, 2), "verified": v.get("ok") if "tensors" in v else None,
-        "dtype": v.get("dtype"), "architecture": (v.get("architecture") or {}).get("name"),
+        "dtype": v.get("dtype"), "architecture": arch["name"] if arch else None,
         "from_pretrained": v.get("from_pretrained"), "tied_lm_head": v.get("tied_lm_head"), "notes": v.get("notes"),
     }
     print(json.dumps(summary, indent=2))

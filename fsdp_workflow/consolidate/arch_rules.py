@@ -161,9 +161,9 @@ def expected_from_rules(config: dict[str, Any], archs: list[str], wrapper_archs:
         instantiates the model with transformers.
     """
     model_type = config.get("model_type")
-    fam = FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    if fam is None:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         return None, f"no rule for model_type {model_type!r}"
+    fam = FAMILIES[model_type]
     if not wrapper_archs and archs != [fam.architecture]:
         return None, f"architectures {archs} is not exactly ['{fam.architecture}'] for model_type '{model_type}'"
     try:

@@ -7,8 +7,8 @@ rank's flat fp32 master-weight partitions. This module rebuilds every parameter'
 fp32 master weight from those partitions, as DeepSpeed's ``zero_to_fp32`` does, but
 without its ``torch.load(weights_only=False)``: files are read with
 ``weights_only=True``, and the three DeepSpeed types pickled in them are mapped to
-inert stand-ins defined here (DeepSpeed need not be installed, and none of its code
-runs).
+inert stand-ins (:func:`fsdp_workflow.core.safe_pickle.load_torch_file`, shared with the
+trainer's resume check; DeepSpeed need not be installed, and none of its code runs).
 
 Layouts (DeepSpeed 0.19):
 
@@ -30,47 +30,31 @@ the fp32 model's size on disk until the consolidation ends.
 from __future__ import annotations
 
 import math
-import pickle
 import re
 import shutil
 import tempfile
 import weakref
-import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Dict, List
 
-from .errors import ConsolidationError
+from fsdp_workflow.core.rundir import DEEPSPEED_LATEST
+from fsdp_workflow.core.safe_pickle import CorruptPickleError, FragmentAddress, UnsafePickleError, load_torch_file
+
+from .errors import ConsolidationError, UnsafeCheckpointError
 from .reader import Chunk, SourceTensor
+from .report import DeepSpeedReport, ModuleMatch
+
+if TYPE_CHECKING:
+    from torch import Size, Tensor
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 _OPTIM_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 _MODEL_RE = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
 SOURCE_FP32 = "fp32 master weights from the ZeRO optimizer partitions (*_optim_states.pt)"
-
-
-# Inert stand-ins for the DeepSpeed classes pickled in its checkpoints. Under
-# weights_only=True the unpickler only builds allowlisted globals; naming these
-# under DeepSpeed's qualified names lets the files load without importing DeepSpeed.
-class _LossScaler:
-    """Stands in for ``deepspeed.runtime.fp16.loss_scaler.LossScaler`` (state kept as attributes)."""
-
-
-class _ZeroStage(int):
-    """Stands in for ``deepspeed.runtime.zero.config.ZeroStageEnum`` (pickled as ``ZeroStageEnum(n)``)."""
-
-
-class _FragmentAddress:
-    """Stands in for ``deepspeed.utils.tensor_fragment.fragment_address`` (``numel``, ``start``)."""
-
-    numel: int
-    start: int
-
-
-_ALLOWED = [
-    (_LossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-    (_ZeroStage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
-    (_FragmentAddress, "deepspeed.utils.tensor_fragment.fragment_address"),
-]
+# torch.load's result for a DeepSpeed file: nested dicts and lists of tensors, numbers and
+# the stand-ins of fsdp_workflow.core.safe_pickle; its keys are read (and checked) below.
+DeepSpeedState = Dict[str, Any]
+ParamShapes = List[Dict[str, "Size"]]  # per param group: name -> shape, in partition order
 
 
 def is_deepspeed_dir(d: Path) -> bool:
@@ -81,12 +65,18 @@ def is_deepspeed_dir(d: Path) -> bool:
 def find_deepspeed_dir(d: Path) -> Path | None:
     """The tag directory of the DeepSpeed checkpoint at ``d`` (itself, or the one ``latest`` names).
 
+    Args:
+        d: A directory the user pointed at (or one below it).
+
+    Returns:
+        The tag directory, or None when ``d`` holds no DeepSpeed checkpoint.
+
     Raises:
         ConsolidationError: ``latest`` names a missing or unsafe directory.
     """
     if is_deepspeed_dir(d):
         return d
-    latest = d / "latest"
+    latest = d / DEEPSPEED_LATEST
     if latest.is_file():
         tag = latest.read_text(errors="replace").strip()
         if not _TAG_RE.fullmatch(tag) or tag in (".", ".."):
@@ -101,35 +91,38 @@ def find_deepspeed_dir(d: Path) -> Path | None:
     return tagged[0] if len(tagged) == 1 else None
 
 
-def load_safely(path: Path) -> Any:
-    """``torch.load(weights_only=True)`` with the DeepSpeed stand-ins; never runs pickled code.
+def load_safely(path: Path) -> DeepSpeedState:
+    """Load a DeepSpeed ``*.pt`` file through :func:`fsdp_workflow.core.safe_pickle.load_torch_file`.
+
+    That is ``torch.load(weights_only=True)`` with inert stand-ins for DeepSpeed's records,
+    so nothing pickled in the file runs and DeepSpeed need not be installed.
+
+    Args:
+        path: A ``*_model_states.pt`` or ``*_optim_states.pt`` file.
+
+    Returns:
+        The file's top-level dict.
 
     Raises:
-        ConsolidationError: the file holds other objects (refused) or is truncated/corrupt.
+        UnsafeCheckpointError: The file holds objects other than tensors and DeepSpeed's records (refused).
+        ConsolidationError: The file is truncated or corrupt, or not a dict.
     """
-    import torch
-
     try:
-        with torch.serialization.safe_globals(_ALLOWED):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConsolidationError(
-            f"{path}: refused to unpickle it (weights_only=True): it holds objects other than tensors and "
-            f"DeepSpeed's plain records ({first[:300]}). Consolidate only checkpoints from a trusted writer; "
-            "nothing in the file was executed."
-        ) from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
-        raise ConsolidationError(
-            f"{path}: cannot be read as a torch checkpoint ({str(exc).splitlines()[0][:200]}); the file is "
-            "truncated or corrupt (an interrupted save or copy). Use an earlier, complete checkpoint."
-        ) from None
+        state = load_torch_file(path)
+    except UnsafePickleError as exc:
+        raise UnsafeCheckpointError(str(exc)) from None
+    except CorruptPickleError as exc:
+        raise ConsolidationError(str(exc)) from None
+    if not isinstance(state, dict):
+        raise ConsolidationError(f"{path}: holds a {type(state).__name__}, not the dict DeepSpeed's save_checkpoint writes; "
+                                 "point SRC at a DeepSpeed checkpoint directory")
+    return state
 
 
 class _Flat:
     """One rank's flat fp32 partitions, read as if concatenated (no copy)."""
 
-    def __init__(self, parts: list[Any]) -> None:
+    def __init__(self, parts: list[Tensor]) -> None:
         self.parts = [p.detach().reshape(-1) for p in parts]
         self.starts = [0]
         for p in self.parts:
@@ -139,8 +132,9 @@ class _Flat:
     def numel(self) -> int:
         return self.starts[-1]
 
-    def read(self, off: int, n: int) -> list[Any]:
-        out, end = [], off + n
+    def read(self, off: int, n: int) -> list[Tensor]:
+        out: list[Tensor] = []
+        end = off + n
         for p, s, e in zip(self.parts, self.starts, self.starts[1:]):
             if e > off and s < end:
                 out.append(p[max(off, s) - s : min(end, e) - s])
@@ -171,7 +165,7 @@ class DeepSpeedCheckpoint:
             raise ConsolidationError(
                 f"{self.path}: holds frozen (requires_grad=False) parameters {list(model['frozen_param_shapes'])[:5]}, "
                 "which this reader does not rebuild yet; unfreeze them for training or convert with DeepSpeed on a trusted copy")
-        optim = {}
+        optim: dict[int, Path] = {}
         for p in self.path.iterdir():
             m = _OPTIM_RE.fullmatch(p.name)
             if m:
@@ -194,17 +188,17 @@ class DeepSpeedCheckpoint:
         for name in model.get("buffer_names") or []:
             if name in module and module[name].numel():
                 params[name] = module[name]
-        self.shared = dict(model.get("shared_params") or {})
+        self.shared: dict[str, str] = dict(model.get("shared_params") or {})
         self.bf16_check = self._compare_module(params, module) if self.stage != 3 else None
         self._staging = Path(tempfile.mkdtemp(prefix=".deepspeed-staging-", dir=staging_parent))
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._staging), True)
         self.tensors = self._stage(params)
 
     # ------------------------------------------------------------------ rebuild
-    def _zero12(self, states: list[dict], shapes: list[dict]) -> dict[str, Any]:
+    def _zero12(self, states: list[DeepSpeedState], shapes: ParamShapes) -> dict[str, Tensor]:
         import torch
 
-        params: dict[str, Any] = {}
+        params: dict[str, Tensor] = {}
         for g, group in enumerate(shapes):
             flats = [_Flat([s["single_partition_of_fp32_groups"][g]]) for s in states]
             bounds = [0]
@@ -214,7 +208,7 @@ class DeepSpeedCheckpoint:
             off = 0
             for name, shape in group.items():
                 n = math.prod(shape)
-                pieces = []
+                pieces: list[Tensor] = []
                 for r, f in enumerate(flats):
                     lo, hi = max(off, bounds[r]), min(off + n, bounds[r + 1])
                     if lo < hi:
@@ -229,17 +223,17 @@ class DeepSpeedCheckpoint:
             if math.ceil(off / align) * align != math.ceil(bounds[-1] / align) * align:
                 raise ConsolidationError(f"{self.path}: param group {g} holds {bounds[-1]} elements across "
                                          f"{self.world_size} rank(s), param_shapes need {off}")
-            self._check_fragments(states, g, bounds, where, group)
+            self._check_fragments(states, g, bounds, where)
         return params
 
-    def _check_fragments(self, states: list[dict], g: int, bounds: list[int], where: dict[str, int], group: dict) -> None:
+    def _check_fragments(self, states: list[DeepSpeedState], g: int, bounds: list[int], where: dict[str, int]) -> None:
         """Each rank's recorded fragment (start, numel) must sit where the walk put it (no unmodelled padding)."""
         for r, s in enumerate(states):
             mappings = s.get("param_slice_mappings")
             if not mappings:
                 return
             for name, frag in mappings[g].items():
-                if name not in where:
+                if name not in where or not isinstance(frag, FragmentAddress):
                     continue
                 expect = max(where[name], bounds[r]) - bounds[r]
                 if int(frag.start) != expect:
@@ -247,12 +241,12 @@ class DeepSpeedCheckpoint:
                         f"{self.path}: rank {r} stores '{name}' at partition offset {frag.start}, the layout walk "
                         f"expects {expect}; this checkpoint pads parameters in a way this reader does not model")
 
-    def _zero3(self, states: list[dict], shapes: list[dict]) -> dict[str, Any]:
+    def _zero3(self, states: list[DeepSpeedState], shapes: ParamShapes) -> dict[str, Tensor]:
         import torch
 
         flats = [_Flat(list(s["fp32_flat_groups"])) for s in states]
         w = self.world_size
-        params: dict[str, Any] = {}
+        params: dict[str, Tensor] = {}
         off = 0
         for group in shapes:
             for name, shape in group.items():
@@ -271,7 +265,7 @@ class DeepSpeedCheckpoint:
         return params
 
     @staticmethod
-    def _compare_module(params: dict[str, Any], module: dict[str, Any]) -> dict[str, Any]:
+    def _compare_module(params: dict[str, Tensor], module: dict[str, Tensor]) -> ModuleMatch:
         """ZeRO-1/2 also save the 16-bit module: the fp32 masters must round to it exactly."""
         same, differ = 0, []
         for name, t in params.items():
@@ -285,7 +279,7 @@ class DeepSpeedCheckpoint:
         return {"matching": same, "differing": differ[:5]}
 
     # ------------------------------------------------------------------ staging
-    def _stage(self, params: dict[str, Any]) -> dict[str, SourceTensor]:
+    def _stage(self, params: dict[str, Tensor]) -> dict[str, SourceTensor]:
         """Write each tensor as one torch.save archive (a DCP-shard-like file) and describe its chunk."""
         import torch
 
@@ -308,9 +302,9 @@ class DeepSpeedCheckpoint:
     def check_files(self, fqns: list[str]) -> None:
         """Nothing left to check: every rank file was read when the checkpoint was opened."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DeepSpeedReport:
         """What verification.json records about this source."""
-        info: dict[str, Any] = {"zero_stage": self.stage, "world_size": self.world_size, "tag": self.path.name,
+        info: DeepSpeedReport = {"zero_stage": self.stage, "world_size": self.world_size, "tag": self.path.name,
                                 "source": SOURCE_FP32, "shared_params": self.shared}
         if self.bf16_check is not None:
             info["16bit_module_matches_fp32"] = self.bf16_check

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
 from .errors import ConsolidationError
 from .keys import WRAPPER_CLASS_NAMES, fix_architecture
+from .report import JsonObject, JsonValue
 
 # Files copied verbatim from the reference directory when present.
 ASSET_FILES = (
@@ -18,25 +17,40 @@ ASSET_FILES = (
 )
 
 
-def read_config(reference: Path) -> dict[str, Any]:
-    """Load ``reference/config.json`` as plain JSON (no transformers import)."""
+def read_config(reference: Path) -> JsonObject:
+    """Load ``reference/config.json`` as plain JSON (no transformers import).
+
+    Args:
+        reference: A Hugging Face model directory.
+
+    Returns:
+        The parsed config.
+
+    Raises:
+        ConsolidationError: No config.json there, or not a JSON object.
+    """
     path = reference / "config.json"
     if not path.is_file():
         raise ConsolidationError(f"{path}: reference has no config.json; pass --reference pointing at a Hugging Face model directory")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConsolidationError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConsolidationError(f"{path}: holds a JSON {type(config).__name__}, not an object; point --reference at a Hugging Face model directory")
+    return config
 
 
-def fixed_architectures(config: dict[str, Any]) -> tuple[list[str], list[str]]:
+def fixed_architectures(config: JsonObject) -> tuple[list[str], list[str]]:
     """Return the de-prefixed ``architectures`` and notes about what changed.
 
     Wrapper class names (``FullyShardedDataParallel``, ``OptimizedModule``) cannot be fixed
     from the name alone; they are resolved later from ``model_type`` (see verify.py).
     """
-    archs = list(config.get("architectures") or [])
-    notes, out = [], []
+    raw = config.get("architectures")
+    archs = [str(a) for a in raw] if isinstance(raw, list) else []
+    notes: list[str] = []
+    out: list[str] = []
     for a in archs:
         b = fix_architecture(a)
         if b != a:
@@ -49,17 +63,18 @@ def needs_arch_from_model_type(archs: list[str]) -> bool:
     return not archs or any(a in WRAPPER_CLASS_NAMES for a in archs)
 
 
-def write_config(config: dict[str, Any], out: Path, archs: list[str], dtype: str) -> None:
+def write_config(config: JsonObject, out: Path, archs: list[str], dtype: str) -> None:
     """Write config.json with fixed architectures and the true output dtype."""
+    names: list[JsonValue] = list(archs)
     cfg = dict(config)
-    cfg["architectures"] = archs
+    cfg["architectures"] = names
     # transformers 5 reads "dtype"; v4 and many serving stacks read "torch_dtype".
     cfg["dtype"] = dtype
     cfg["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def copy_assets(reference: Path, out: Path, config: dict[str, Any]) -> list[str]:
+def copy_assets(reference: Path, out: Path, config: JsonObject) -> list[str]:
     """Copy generation config, tokenizer files, chat template (and remote code if used)."""
     copied = []
     names = list(ASSET_FILES)

@@ -47,13 +47,13 @@ def map_keys(fqns: list[str], subtree: str | None = None, causal_lm: bool = True
         sub = subtree.strip(".").split(".")
         kept = {f: p[len(sub):] for f, p in split.items() if p[: len(sub)] == sub and len(p) > len(sub)}
         if not kept:
-            roots = sorted({p[0] for p in split.values()})
-            raise ConsolidationError(f"--subtree '{subtree}': no tensor keys under it; the checkpoint's top-level keys are {roots}")
+            top = sorted({p[0] for p in split.values()})
+            raise ConsolidationError(f"--subtree '{subtree}': no tensor keys under it; the checkpoint's top-level keys are {top}")
     else:
         kept = {f: p for f, p in split.items() if p and p[0] not in NON_MODEL_ROOTS}
         if not kept:
-            roots = sorted({p[0] for p in split.values() if p})
-            raise ConsolidationError(f"no model tensors found: the checkpoint's top-level keys are {roots}, all of them training state")
+            top = sorted({p[0] for p in split.values() if p})
+            raise ConsolidationError(f"no model tensors found: the checkpoint's top-level keys are {top}, all of them training state")
     while True:
         roots = {p[0] for p in kept.values()}
         if len(roots) != 1 or any(len(p) < 2 for p in kept.values()):

@@ -23,12 +23,21 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, DCP_METADATA, HF_ASSETS_DIR, parse_step, step_name
+
 from .deepspeed import find_deepspeed_dir
 from .errors import ConsolidationError, IncompleteCheckpointError
 
-STEP_RE = re.compile(r"(?:step|checkpoint|global_step|iter|epoch=\d+-step)[-_=]?(\d+)")
+# Step directories of other tools (this project's ``step-N`` is fsdp_workflow.core.rundir's):
+# HF Trainer ``checkpoint-N``, DeepSpeed ``global_stepN``, torchtitan/Megatron ``step_N`` /
+# ``iter_N``, Lightning ``epoch=E-step=N``.
+_FOREIGN_STEP_RE = re.compile(r"(?:step[_=]?|(?:checkpoint|global_step|iter|epoch=\d+-step)[-_=]?)(\d+)")
 _MODEL_DIR_RE = re.compile(r"pytorch_model_fsdp_(\d+)")
 _EMA_DIR_RE = re.compile(r"pytorch_ema_model_fsdp_(\d+)")
+
+
+# (DCP directory, layout name, key subtree still to strip) for one checkpoint.
+DcpHit = tuple[Path, str, str | None]
 
 
 @dataclass
@@ -43,18 +52,27 @@ class Resolved:
     notes: list[str] = field(default_factory=list)
 
 
+def step_of(name: str) -> int | None:
+    """The step a checkpoint directory's name says (``step-N``, ``checkpoint-N``, ``global_stepN``...), else None."""
+    step = parse_step(name)
+    if step is not None:
+        return step
+    m = _FOREIGN_STEP_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
 def _is_dcp(d: Path) -> bool:
-    return (d / ".metadata").is_file()
+    return (d / DCP_METADATA).is_file()
 
 
 def _steps_in(d: Path) -> dict[int, Path]:
-    out = {}
+    out: dict[int, Path] = {}
     if not d.is_dir():
         return out
     for child in d.iterdir():
-        m = STEP_RE.fullmatch(child.name)
-        if m and child.is_dir():
-            out[int(m.group(1))] = child
+        step = step_of(child.name)
+        if step is not None and child.is_dir():
+            out[step] = child
     return out
 
 
@@ -62,7 +80,7 @@ def _subdirs(d: Path) -> list[str]:
     return sorted(c.name for c in d.iterdir() if c.is_dir()) if d.is_dir() else []
 
 
-def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
+def find_dcp_dir(d: Path, subtree: str | None) -> DcpHit:
     """Return (DCP dir, layout name, key subtree) for one checkpoint directory ``d``."""
     if subtree and (d / subtree).is_dir() and _is_dcp(d / subtree):
         return d / subtree, "dcp-subdir", None
@@ -73,10 +91,11 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
     if _is_dcp(d):
         layout = "lightning" if (d / "meta.pt").is_file() else "dcp"
         return d, layout, subtree
-    models = sorted((c for c in d.iterdir() if c.is_dir() and _MODEL_DIR_RE.fullmatch(c.name) and _is_dcp(c)),
-                    key=lambda c: int(_MODEL_DIR_RE.fullmatch(c.name).group(1))) if d.is_dir() else []
-    if models:
-        layout = "hf-trainer" if STEP_RE.fullmatch(d.name) else "accelerate"
+    numbered = [(int(m.group(1)), c) for c in (d.iterdir() if d.is_dir() else [])
+                if c.is_dir() and (m := _MODEL_DIR_RE.fullmatch(c.name)) and _is_dcp(c)]
+    if numbered:
+        layout = "hf-trainer" if step_of(d.name) is not None else "accelerate"
+        models = [c for _, c in sorted(numbered, key=lambda nc: nc[0])]
         return models[0], layout, subtree
     if _is_dcp(d / "weights"):
         return d / "weights", "nemo2", subtree
@@ -100,7 +119,7 @@ def find_dcp_dir(d: Path, subtree: str | None) -> tuple[Path, str, str | None]:
     )
 
 
-def _open_step(d: Path, subtree: str | None) -> tuple[Path, str, str | None] | None:
+def _open_step(d: Path, subtree: str | None) -> DcpHit | None:
     """:func:`find_dcp_dir` for a step directory, or None when its save is unfinished (no ``.metadata``)."""
     try:
         return find_dcp_dir(d, subtree)
@@ -124,34 +143,37 @@ def _missing_metadata(d: Path) -> Path:
     """The ``.metadata`` an incomplete step lacks: beside its ``.distcp`` files, else at its top."""
     for cand in [d, *sorted(c for c in d.iterdir() if c.is_dir())]:
         if any(cand.glob("*.distcp")):
-            return cand / ".metadata"
-    return d / ".metadata"
+            return cand / DCP_METADATA
+    return d / DCP_METADATA
 
 
 def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: int | None,
-                average_last: int | None, steps: list[int] | None) -> tuple[list[int], list[tuple], list[str]]:
+                average_last: int | None, steps: list[int] | None) -> tuple[list[int], list[DcpHit], list[str]]:
     """Return (steps, find_dcp_dir result per step, notes); the default is the newest *complete* step."""
     avail = sorted(found)
     if not avail:
         raise ConsolidationError(f"{where}: no step-N / checkpoint-N directories (found: {_subdirs(where) or 'nothing'})")
     if steps or step is not None:
-        flag, wanted = ("--steps", list(steps)) if steps else ("--step", [step])
+        flag, wanted = ("--steps", list(steps)) if steps else ("--step", [step] if step is not None else [])
         missing = [s for s in wanted if s not in found]
         if missing:
             shown = missing if steps else step
             raise ConsolidationError(f"{flag} {shown}: not found in {where}; available steps are {avail}")
-        picked = [_open_step(found[s], subtree) for s in wanted]
-        for s, hit in zip(wanted, picked):
+        hits: list[DcpHit] = []
+        for s in wanted:
+            hit = _open_step(found[s], subtree)
             if hit is None:
                 raise IncompleteCheckpointError(
                     f"{flag} {s}: {_missing_metadata(found[s])} is missing, so {found[s]} is not a complete checkpoint "
                     "(DCP writes '.metadata' last: the save did not finish, or a copy is still in progress). "
                     f"Pick a complete step ({_complete(found, subtree) or 'none'}) or wait for the copy to finish."
                 )
-        return wanted, picked, []
+            hits.append(hit)
+        return wanted, hits, []
     want = average_last or 1
     chosen: list[int] = []
-    picked, skipped = [], []
+    picked: list[DcpHit] = []
+    skipped: list[int] = []
     for s in reversed(avail):
         hit = _open_step(found[s], subtree)
         if hit is None:
@@ -180,7 +202,7 @@ def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: 
 def _find_reference(start: Path, stop_levels: int = 4) -> Path | None:
     d = start
     for _ in range(stop_levels):
-        for cand in (d / "hf_assets", d):
+        for cand in (d / HF_ASSETS_DIR, d):
             if (cand / "config.json").is_file():
                 return cand
         if d.parent == d:
@@ -201,31 +223,33 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
         raise ConsolidationError(f"{src}: source path does not exist")
     if not src.is_dir():
         raise ConsolidationError(f"{src}: source must be a checkpoint directory, not a file")
-    container = None
-    if _steps_in(src / "checkpoints") and not _is_dcp(src):
-        container, layout = src / "checkpoints", "project"
+    container: Path | None = None
+    layout: str | None = None
+    if _steps_in(src / CHECKPOINTS_DIR) and not _is_dcp(src):
+        container, layout = src / CHECKPOINTS_DIR, "project"
     elif _steps_in(src) and not _is_dcp(src):
-        container, layout = src, None
+        container = src
     multi = bool(steps or average_last)
     if container is None:
         if multi:
             raise ConsolidationError(f"{src}: --average-last/--steps need a directory of step-N checkpoints, but this is a single checkpoint")
-        own = STEP_RE.fullmatch(src.name)
-        if step is not None and not (own and int(own.group(1)) == step):
+        own = step_of(src.name)
+        if step is not None and own != step:
             raise ConsolidationError(
-                f"--step {step}: {src} is a single checkpoint{f' (step {own.group(1)})' if own else ''}, not a directory "
-                f"of step-N checkpoints; point SRC at the directory holding step-{step}/, or drop --step"
+                f"--step {step}: {src} is a single checkpoint{f' (step {own})' if own is not None else ''}, not a directory "
+                f"of step-N checkpoints; point SRC at the directory holding {step_name(step)}/, or drop --step"
             )
         dcp_dir, kind, key = find_dcp_dir(src, subtree)
-        if STEP_RE.fullmatch(src.name) and kind == "dcp" and (src.parent.name == "checkpoints"):
+        if own is not None and kind == "dcp" and src.parent.name == CHECKPOINTS_DIR:
             kind = "project"
-        elif STEP_RE.fullmatch(src.name) and kind == "dcp":
+        elif own is not None and kind == "dcp":
             kind = "torchtitan-or-dcp"
         ref = reference or _find_reference(dcp_dir)
-        m = STEP_RE.fullmatch(src.name)
-        return Resolved(kind, [dcp_dir], [int(m.group(1)) if m else None], ref, key)
+        return Resolved(kind, [dcp_dir], [own], ref, key)
     chosen, picked, notes = _pick_steps(_steps_in(container), container, subtree, step, average_last, steps)
-    dirs, kinds, key = [], set(), None
+    dirs: list[Path] = []
+    kinds: set[str] = set()
+    key = None
     for d, kind, key in picked:
         dirs.append(d)
         kinds.add(kind)
@@ -233,7 +257,7 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
         layout = "deepspeed" if len(kinds) == 1 else "mixed"
     if layout is None:
         layout = kinds.pop() if len(kinds) == 1 else "mixed"
-        if layout == "dcp" and container.name == "checkpoints":
+        if layout == "dcp" and container.name == CHECKPOINTS_DIR:
             layout = "project"
     ref = reference or _find_reference(dirs[-1])
-    return Resolved(layout, dirs, chosen, ref, key, notes)
+    return Resolved(layout, dirs, list(chosen), ref, key, notes)

@@ -2,18 +2,28 @@
 
 torch's own ``FileSystemReader.read_metadata`` calls plain ``pickle.load``, so a crafted
 ``.metadata`` runs arbitrary code inside any tool that merges it. Here every global a
-pickle names is looked up in an allow-list and mapped to a small stand-in class defined in
-this module; nothing from the checkpoint is imported or called, and torch is never
-imported, which also keeps the copy path fast.
+pickle names goes through the project's one allow-list
+(:class:`fsdp_workflow.core.safe_pickle.AllowListUnpickler`, shared with the trainer's
+resume) and is mapped to a small stand-in class defined in this module; nothing from the
+checkpoint is imported or called, and torch is never imported, which also keeps the copy
+path fast.
 """
 
 from __future__ import annotations
 
 import io
-import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import BinaryIO, Iterable, SupportsInt
+
+from fsdp_workflow.core.safe_pickle import (
+    DCP_METADATA_MODULES,
+    TORCH_STORAGE_DTYPES,
+    AllowListUnpickler,
+    is_tensor_archive_global,
+    refusal,
+)
 
 from .errors import ConsolidationError, UnsafeCheckpointError
 
@@ -36,14 +46,6 @@ DTYPES: dict[str, tuple[str, int, bool]] = {
     "bool": ("BOOL", 1, False),
 }
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32", "short": "int16"}
-# Legacy typed-storage class names that torch.save writes into data.pkl.
-STORAGE_DTYPES = {
-    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
-    "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2",
-    "UInt16Storage": "uint16", "UInt32Storage": "uint32", "UInt64Storage": "uint64",
-}
 
 
 class _Record:
@@ -51,7 +53,7 @@ class _Record:
 
     _tuple_fields: tuple[str, ...] = ()
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))):
             state = {**(state[0] or {}), **(state[1] or {})}
         if isinstance(state, dict):
@@ -66,17 +68,17 @@ class _Record:
 
 
 class Metadata(_Record):
-    state_dict_metadata: dict
-    storage_data: dict | None = None
-    planner_data: Any = None
-    storage_meta: Any = None
+    state_dict_metadata: dict[str, TensorStorageMetadata | BytesStorageMetadata]
+    storage_data: dict[MetadataIndex, StorageInfo] | None = None
+    planner_data: object = None
+    storage_meta: object = None
     version: str | None = None
 
 
 class TensorStorageMetadata(_Record):
-    properties: "TensorProperties"
-    size: tuple
-    chunks: list
+    properties: TensorProperties
+    size: tuple[int, ...]
+    chunks: list[ChunkStorageMetadata]
 
 
 class BytesStorageMetadata(_Record):
@@ -84,18 +86,18 @@ class BytesStorageMetadata(_Record):
 
 
 class ChunkStorageMetadata(_Record):
-    offsets: tuple
-    sizes: tuple
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
 
 
 class TensorProperties(_Record):
     _tuple_fields = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
-    dtype: "DType"
+    dtype: DType
 
 
 class MetadataIndex(_Record):
     fqn: str
-    offset: tuple | None = None
+    offset: tuple[int, ...] | None = None
     index: int | None = None
 
 
@@ -103,7 +105,7 @@ class StorageInfo(_Record):
     relative_path: str
     offset: int
     length: int
-    transform_descriptors: list | None = None
+    transform_descriptors: list[str] | None = None
 
 
 class StorageMeta(_Record):
@@ -129,16 +131,23 @@ def dtype_info(name: str) -> tuple[str, int, bool]:
     return DTYPES[name]
 
 
-def _size(items: Any = ()) -> tuple:
+def _size(items: Iterable[SupportsInt] = ()) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
-def _enum_value(value: Any) -> Any:
+def _enum_value(value: object) -> object:
     return value
 
 
 def _layout(name: str) -> str:
     return str(name)
+
+
+@dataclass(frozen=True)
+class StorageClass:
+    """A legacy typed-storage class (``torch.FloatStorage``) named in a ``data.pkl``, by dtype."""
+
+    dtype: str
 
 
 @dataclass
@@ -156,32 +165,40 @@ class TensorRef:
 
     storage: StorageRef
     storage_offset: int
-    shape: tuple
-    stride: tuple
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
 
 
-def _rebuild_tensor(storage: StorageRef, storage_offset: int, size: Any, stride: Any, *_: Any) -> TensorRef:
+def _rebuild_tensor(storage: StorageRef, storage_offset: int, size: Iterable[SupportsInt],
+                    stride: Iterable[SupportsInt], *_: object) -> TensorRef:
     return TensorRef(storage, int(storage_offset), _size(size), _size(stride))
 
 
 class _Opaque:
-    """Placeholder for an unknown class in lenient mode: records its name, runs nothing."""
+    """Stand-in for an unknown class in lenient mode: records its name, runs nothing."""
 
-    def __init__(self, qualname: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, qualname: str, *args: object, **kwargs: object) -> None:
         self.qualname = qualname
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "_Opaque":
+    def __call__(self, *args: object, **kwargs: object) -> _Opaque:
         return _Opaque(self.qualname)
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         pass
 
     def __repr__(self) -> str:
         return f"<opaque {self.qualname}>"
 
 
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed._shard.checkpoint.metadata")
-_ALLOWED: dict[tuple[str, str], Any] = {
+# What each global the shared allow-list admits stands for here. The allow-list itself
+# lives in fsdp_workflow.core.safe_pickle; a name it admits that is missing below is
+# refused (tests/consolidate/test_safety.py checks that none is).
+_DCP_STAND_INS: dict[str, object] = {
+    cls.__name__: cls for cls in (Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
+                                  TensorProperties, MetadataIndex, StorageMeta)
+}
+_DCP_STAND_INS["_MEM_FORMAT_ENCODING"] = _enum_value
+_STAND_INS: dict[tuple[str, str], object] = {
     ("torch", "Size"): _size,
     ("torch.serialization", "_get_layout"): _layout,
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
@@ -194,64 +211,90 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("pathlib", "WindowsPath"): PureWindowsPath,
     ("pathlib", "PureWindowsPath"): PureWindowsPath,
 }
-for _mod in _DCP_MODULES:
-    for _cls in (Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
-                 TensorProperties, MetadataIndex, StorageMeta):
-        _ALLOWED[(_mod, _cls.__name__)] = _cls
-    _ALLOWED[(_mod, "_MEM_FORMAT_ENCODING")] = _enum_value
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """Unpickler that maps allow-listed globals to stand-ins and refuses the rest.
+class RestrictedUnpickler(AllowListUnpickler):
+    """The shared allow-list, resolved to torch-free stand-ins; anything else is refused.
+
+    :meth:`allows` widens the DCP list to the names a tensor's ``data.pkl`` uses
+    (:func:`~fsdp_workflow.core.safe_pickle.is_tensor_archive_global`), because the same
+    reader parses every chunk's archive.
 
     Args:
         file: The pickle stream.
         source: A name for error messages (usually the file path).
-        lenient: Replace unknown globals by inert placeholders instead of refusing
-            (used for ``meta.pt``, whose hyper-parameters may hold any class; their
-            code still never runs).
     """
 
-    def __init__(self, file: io.BufferedIOBase, source: str, lenient: bool = False) -> None:
-        super().__init__(file)
-        self.source = source
-        self.lenient = lenient
-        self.placeholders: list[str] = []  # unknown globals replaced in lenient mode
+    def __init__(self, file: BinaryIO, source: str) -> None:
+        super().__init__(file, source)
+        self.placeholders: list[str] = []  # unknown globals replaced (lenient mode only)
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "__builtin__":  # protocol-2 spelling
-            module = "builtins"
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
-        if module == "torch" and name in STORAGE_DTYPES:
-            return ("storage-class", STORAGE_DTYPES[name])
-        if module == "torch" and (name in DTYPES or name in _DTYPE_ALIASES):
+    def allows(self, module: str, name: str) -> bool:
+        return is_tensor_archive_global(module, name)
+
+    def resolve(self, module: str, name: str) -> object:
+        """The stand-in for an allowed global; nothing is imported."""
+        if module in DCP_METADATA_MODULES and name in _DCP_STAND_INS:
+            return _DCP_STAND_INS[name]
+        if (module, name) in _STAND_INS:
+            return _STAND_INS[(module, name)]
+        if module == "torch" and name in TORCH_STORAGE_DTYPES:
+            return StorageClass(TORCH_STORAGE_DTYPES[name])
+        if module == "torch":  # the allow-list admits torch.<name> otherwise only for dtypes
             return DType(_DTYPE_ALIASES.get(name, name))
-        if self.lenient:
-            self.placeholders.append(f"{module}.{name}")
-            return _Opaque(f"{module}.{name}")
-        raise UnsafeCheckpointError(
-            f"{self.source}: refusing to unpickle global '{module}.{name}'. Only DCP metadata classes, "
-            "torch dtypes/Size and plain containers are allowed, so this file was not written by "
-            "torch.distributed.checkpoint or has been tampered with. Nothing from it was executed. "
-            "If you wrote it yourself with a newer DCP that adds classes, please report it."
-        )
+        return self.refuse(module, name)
 
-    def persistent_load(self, pid: Any) -> Any:
+    def refuse(self, module: str, name: str) -> object:
+        """Raise :class:`UnsafeCheckpointError` with the shared refusal message."""
+        raise UnsafeCheckpointError(refusal(self.source, module, name))
+
+    def persistent_load(self, pid: object) -> object:
         if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
             _, kind, key, _location, numel = pid
-            if isinstance(kind, tuple) and kind[0] == "storage-class":
-                return StorageRef(kind[1], str(key), int(numel))
+            if isinstance(kind, StorageClass):
+                return StorageRef(kind.dtype, str(key), int(numel))
             if isinstance(kind, DType):
                 return StorageRef(kind.name, str(key), int(numel))
-        if self.lenient:
-            return _Opaque("persistent")
+        return self.unexpected_persistent_id(pid)
+
+    def unexpected_persistent_id(self, pid: object) -> object:
+        """A persistent id that is not a tensor storage: refused."""
         raise UnsafeCheckpointError(f"{self.source}: unexpected persistent id {pid!r} in pickle")
 
 
-def restricted_loads(data: bytes, source: str, lenient: bool = False) -> Any:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler`."""
-    unpickler = RestrictedUnpickler(io.BytesIO(data), source, lenient)
+class LenientUnpickler(RestrictedUnpickler):
+    """For ``meta.pt``: unknown globals become inert :class:`_Opaque` stand-ins instead of a refusal.
+
+    Lightning's hyper-parameters may hold any class; recording its name keeps the step and
+    plain values readable while its code still never runs.
+    """
+
+    def refuse(self, module: str, name: str) -> object:
+        self.placeholders.append(f"{module}.{name}")
+        return _Opaque(f"{module}.{name}")
+
+    def unexpected_persistent_id(self, pid: object) -> object:
+        return _Opaque("persistent")
+
+
+def restricted_loads(data: bytes, source: str, lenient: bool = False) -> object:
+    """Unpickle ``data`` through the shared allow-list, into stand-ins.
+
+    Args:
+        data: The pickle bytes.
+        source: A name for error messages (usually the file path).
+        lenient: Replace globals outside the allow-list by inert placeholders instead of
+            refusing them (for ``meta.pt``; see :class:`LenientUnpickler`).
+
+    Returns:
+        The unpickled object, built only from stand-ins and plain values.
+
+    Raises:
+        UnsafeCheckpointError: A global outside the allow-list (strict mode), or objects
+            that cannot be rebuilt without the placeholders' real classes (lenient mode).
+        ConsolidationError: The bytes are not a valid pickle.
+    """
+    unpickler = (LenientUnpickler if lenient else RestrictedUnpickler)(io.BytesIO(data), source)
     try:
         return unpickler.load()
     except UnsafeCheckpointError:
@@ -269,6 +312,12 @@ def restricted_loads(data: bytes, source: str, lenient: bool = False) -> Any:
 def load_dcp_metadata(path: Path) -> Metadata:
     """Read a DCP ``.metadata`` file safely.
 
+    Args:
+        path: The ``.metadata`` file.
+
+    Returns:
+        The metadata, as stand-in objects.
+
     Raises:
         ConsolidationError: the file is missing, corrupt, or not DCP metadata.
         UnsafeCheckpointError: the pickle names a global outside the allow-list.
@@ -284,10 +333,30 @@ def load_dcp_metadata(path: Path) -> Metadata:
     return meta
 
 
-def load_meta_pt(path: Path) -> dict[str, Any]:
-    """Read Lightning's ``meta.pt`` (a torch.save zip) leniently, returning plain values."""
-    from .zipchunk import read_zip_member
+def load_meta_pt(path: Path) -> dict[str, object]:
+    """Read Lightning's ``meta.pt`` (a torch.save zip) leniently, returning plain values.
 
-    data = read_zip_member(path, "data.pkl")
-    obj = restricted_loads(data, str(path), lenient=True)
-    return obj if isinstance(obj, dict) else {"value": obj}
+    Args:
+        path: The ``meta.pt`` file.
+
+    Returns:
+        Its top-level dict (or ``{"value": obj}`` for anything else).
+
+    Raises:
+        ConsolidationError: Not a readable zip archive with a ``data.pkl``.
+        UnsafeCheckpointError: Objects that cannot be rebuilt from stand-ins.
+    """
+    obj = restricted_loads(_read_archive_member(path, "data.pkl"), str(path), lenient=True)
+    return {str(k): v for k, v in obj.items()} if isinstance(obj, dict) else {"value": obj}
+
+
+def _read_archive_member(path: Path, suffix: str) -> bytes:
+    """Read one member (by name after the archive's top folder, e.g. ``data.pkl``) of a torch.save zip."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                if name.split("/", 1)[-1] == suffix:
+                    return archive.read(name)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError) as exc:
+        raise ConsolidationError(f"{path}: cannot be read as a torch.save zip archive ({exc}); the file is truncated or corrupt") from None
+    raise ConsolidationError(f"{path}: no '{suffix}' inside; not a torch.save file")

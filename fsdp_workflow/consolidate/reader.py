@@ -11,15 +11,19 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
+from typing import IO, Protocol
+
+from fsdp_workflow.core.rundir import DCP_METADATA
 
 from .errors import ConsolidationError
-from .metadata import BytesStorageMetadata, TensorStorageMetadata, dtype_info, load_dcp_metadata
+from .metadata import BytesStorageMetadata, StorageInfo, TensorStorageMetadata, dtype_info, load_dcp_metadata
 from .zipchunk import ChunkData, locate_chunk
 
+Shape = tuple[int, ...]
 
-def prod(xs: tuple) -> int:
+
+def prod(xs: Shape) -> int:
     n = 1
     for x in xs:
         n *= x
@@ -30,12 +34,12 @@ def prod(xs: tuple) -> int:
 class Chunk:
     """One stored piece of a tensor: its place in the tensor and its byte range on disk."""
 
-    offsets: tuple
-    sizes: tuple
+    offsets: Shape
+    sizes: Shape
     file: Path
     offset: int
     length: int
-    transforms: tuple = ()
+    transforms: tuple[str, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -48,7 +52,7 @@ class SourceTensor:
 
     fqn: str
     dtype: str
-    shape: tuple
+    shape: Shape
     chunks: list[Chunk] = field(default_factory=list)
 
     @property
@@ -60,15 +64,16 @@ class SourceTensor:
         return self.numel * dtype_info(self.dtype)[1]
 
 
-def row_major_strides(shape: tuple) -> tuple:
-    strides, acc = [], 1
+def row_major_strides(shape: Shape) -> Shape:
+    strides: list[int] = []
+    acc = 1
     for s in reversed(shape):
         strides.append(acc)
         acc *= s
     return tuple(reversed(strides))
 
 
-def chunk_runs(shape: tuple, chunk: Chunk) -> list[tuple[int, int, int]]:
+def chunk_runs(shape: Shape, chunk: Chunk) -> list[tuple[int, int, int]]:
     """Contiguous pieces of ``chunk`` as (src element offset, dst element offset, elements)."""
     n = len(shape)
     if n == 0:
@@ -81,13 +86,30 @@ def chunk_runs(shape: tuple, chunk: Chunk) -> list[tuple[int, int, int]]:
         k -= 1
     run = chunk.sizes[k] * strides[k]
     base = chunk.offsets[k] * strides[k]
-    runs = []
+    runs: list[tuple[int, int, int]] = []
     src = 0
     for idx in itertools.product(*(range(chunk.sizes[j]) for j in range(k))):
         dst = base + sum((chunk.offsets[j] + i) * strides[j] for j, i in enumerate(idx))
         runs.append((src, dst, run))
         src += run
     return runs
+
+
+class CheckpointSource(Protocol):
+    """What the consolidation steps need of one source checkpoint, whatever wrote it.
+
+    :class:`DcpCheckpoint` indexes a DCP directory in place; ``DeepSpeedCheckpoint``
+    rebuilds ZeRO partitions into a staging file, which :meth:`close` removes.
+    """
+
+    path: Path
+    tensors: dict[str, SourceTensor]
+
+    def check_files(self, fqns: list[str]) -> None:
+        """Raise :class:`ConsolidationError` when bytes the tensors ``fqns`` need are missing."""
+
+    def close(self) -> None:
+        """Release what the source holds on disk or open; safe to call twice."""
 
 
 class DcpCheckpoint:
@@ -99,8 +121,8 @@ class DcpCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.metadata = load_dcp_metadata(self.path / ".metadata")
-        storage = {}
+        self.metadata = load_dcp_metadata(self.path / DCP_METADATA)
+        storage: dict[tuple[str, Shape | None], StorageInfo] = {}
         for idx, info in (self.metadata.storage_data or {}).items():
             storage[(idx.fqn, tuple(idx.offset) if idx.offset is not None else None)] = info
         self.tensors: dict[str, SourceTensor] = {}
@@ -110,12 +132,12 @@ class DcpCheckpoint:
                 self.bytes_keys.append(fqn)
                 continue
             if not isinstance(md, TensorStorageMetadata):
-                raise ConsolidationError(f"{self.path / '.metadata'}: key '{fqn}' has unknown storage type {type(md).__name__}")
+                raise ConsolidationError(f"{self.path / DCP_METADATA}: key '{fqn}' has unknown storage type {type(md).__name__}")
             self.tensors[fqn] = self._tensor(fqn, md, storage)
 
-    def _tensor(self, fqn: str, md: TensorStorageMetadata, storage: dict) -> SourceTensor:
+    def _tensor(self, fqn: str, md: TensorStorageMetadata, storage: dict[tuple[str, Shape | None], StorageInfo]) -> SourceTensor:
         t = SourceTensor(fqn, md.properties.dtype.name, tuple(md.size))
-        seen: dict[tuple, tuple] = {}
+        seen: dict[Shape, Shape] = {}
         for c in md.chunks:
             offsets, sizes = tuple(c.offsets), tuple(c.sizes)
             if offsets in seen:  # replica of the same shard (HSDP / 2-D mesh)
@@ -125,9 +147,9 @@ class DcpCheckpoint:
             seen[offsets] = sizes
             info = storage.get((fqn, offsets))
             if info is None:
-                raise ConsolidationError(f"{self.path / '.metadata'}: tensor '{fqn}' chunk at {offsets} has no storage entry; the metadata is incomplete")
+                raise ConsolidationError(f"{self.path / DCP_METADATA}: tensor '{fqn}' chunk at {offsets} has no storage entry; the metadata is incomplete")
             t.chunks.append(Chunk(offsets, sizes, self.path / info.relative_path, int(info.offset), int(info.length),
-                                  tuple(getattr(info, "transform_descriptors", None) or ())))
+                                  tuple(info.transform_descriptors or ())))
         covered = sum(c.numel for c in t.chunks)
         if covered != t.numel:
             raise ConsolidationError(
@@ -136,10 +158,8 @@ class DcpCheckpoint:
             )
         return t
 
-    @cached_property
-    def step_from_name(self) -> int | None:
-        digits = "".join(ch for ch in self.path.name.split("-")[-1] if ch.isdigit())
-        return int(digits) if digits else None
+    def close(self) -> None:
+        """Nothing to release: the index holds no open files (each read opens its own)."""
 
     def check_files(self, fqns: list[str]) -> None:
         """Raise if a shard file is missing or shorter than the metadata says.
@@ -175,10 +195,12 @@ class ChunkHandle:
         self.fd = os.open(chunk.file, os.O_RDONLY)
         self.mem: bytes | None = None
         self.data: ChunkData | None = None
+        self._data_offset = 0  # absolute offset of the chunk's bytes when read from the file
         if chunk.transforms:
             self.mem = _torch_load_chunk(chunk)
         else:
             self.data = locate_chunk(self.fd, chunk.offset, chunk.length, str(chunk.file))
+            self._data_offset = self.data.data_offset
             if self.data.dtype != dtype or self.data.shape != chunk.sizes:
                 raise ConsolidationError(
                     f"{chunk.file}: chunk at offset {chunk.offset} holds {self.data.dtype}{list(self.data.shape)}, "
@@ -190,12 +212,12 @@ class ChunkHandle:
     @property
     def raw_offset(self) -> int | None:
         """Absolute file offset of the chunk bytes when they can be copied in-kernel."""
-        return None if self.mem is not None else self.data.data_offset  # type: ignore[union-attr]
+        return None if self.mem is not None else self._data_offset
 
     def read(self, off: int, n: int) -> bytes:
         if self.mem is not None:
             return self.mem[off : off + n]
-        buf = os.pread(self.fd, n, self.data.data_offset + off)  # type: ignore[union-attr]
+        buf = os.pread(self.fd, n, self._data_offset + off)
         if len(buf) != n:
             raise ConsolidationError(f"{self.chunk.file}: truncated while reading chunk at offset {self.chunk.offset}")
         return buf
@@ -205,7 +227,7 @@ class ChunkHandle:
         if self.mem is not None:
             out[:] = memoryview(self.mem)[off : off + len(out)]
             return
-        pos, done = self.data.data_offset + off, 0  # type: ignore[union-attr]
+        pos, done = self._data_offset + off, 0
         while done < len(out):
             n = os.preadv(self.fd, [out[done:]], pos + done)
             if n == 0:
@@ -221,17 +243,19 @@ def _torch_load_chunk(chunk: Chunk) -> bytes:
     import io
 
     import torch
-    from torch.distributed.checkpoint._extension import ExtensionRegistry
+    from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
     registry = ExtensionRegistry()
-    for ext in EXTRA_EXTENSIONS:
-        registry.register(ext)
+    for extension_class in EXTRA_EXTENSIONS:
+        registry.register(extension_class)
     with open(chunk.file, "rb") as f:
         f.seek(chunk.offset)
-        stream: io.IOBase = io.BytesIO(f.read(chunk.length))
+        stream: IO[bytes] = io.BytesIO(f.read(chunk.length))
     try:
-        for ext in registry.from_descriptor_list(list(chunk.transforms)):
-            stream = ext.transform_from(stream)
+        for extension in registry.from_descriptor_list(list(chunk.transforms)):
+            if not isinstance(extension, StreamTransformExtension):
+                raise ValueError(f"{extension.registry_name()} is not a stream transform")
+            stream = extension.transform_from(stream)
         data = io.BytesIO(stream.read())
         tensor = torch.load(data, map_location="cpu", weights_only=True)
     except ValueError as exc:
@@ -240,4 +264,4 @@ def _torch_load_chunk(chunk: Chunk) -> bytes:
 
 
 # Extension classes registered on top of DCP's defaults (tests add a custom one).
-EXTRA_EXTENSIONS: list = []
+EXTRA_EXTENSIONS: list[type] = []

@@ -31,6 +31,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, DCP_METADATA, HF_ASSETS_DIR, step_name
+
 
 def _splits(n: int, parts: int) -> list[tuple[int, int]]:
     """torch.chunk-style split of ``n`` into (offset, size) pieces, dropping empty ones."""
@@ -98,13 +100,13 @@ def write_dcp(
     finally:
         for f in files:
             f.close()
-    with open(path / ".metadata", "wb") as f:
+    with open(path / DCP_METADATA, "wb") as f:
         pickle.dump(Metadata(state_dict_metadata=sd_meta, storage_data=storage, version="1.0.0"), f)
 
 
-def llama_shapes(num_layers: int, hidden: int = 2048, inter: int = 5632, vocab: int = 32000) -> list[tuple[str, tuple]]:
+def llama_shapes(num_layers: int, hidden: int = 2048, inter: int = 5632, vocab: int = 32000) -> list[tuple[str, tuple[int, ...]]]:
     """HF Llama parameter names and shapes (full multi-head attention, untied)."""
-    out = [("model.embed_tokens.weight", (vocab, hidden))]
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(num_layers):
         p = f"model.layers.{i}."
         out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden)) for n in "qkvo"]
@@ -133,11 +135,11 @@ def write_llama_run(run_dir: Path, gb: float, ranks: int, dtype: torch.dtype = t
     per_layer = 4 * 2048 * 2048 + 3 * 2048 * 5632
     fixed = 2 * 32000 * 2048
     layers = max(1, round((gb * 1e9 / dtype.itemsize - fixed) / per_layer))
-    ckpt = run_dir / "checkpoints" / "step-1"
+    ckpt = run_dir / CHECKPOINTS_DIR / step_name(1)
     specs = [("model." + n, s, dtype) for n, s in llama_shapes(layers)]
     write_dcp(ckpt, specs, random_chunk, dp=ranks)
-    (run_dir / "hf_assets").mkdir(parents=True, exist_ok=True)
-    (run_dir / "hf_assets" / "config.json").write_text(json.dumps(llama_config(layers, dtype=str(dtype).split(".")[-1]), indent=2))
+    (run_dir / HF_ASSETS_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / HF_ASSETS_DIR / "config.json").write_text(json.dumps(llama_config(layers, dtype=str(dtype).split(".")[-1]), indent=2))
     return ckpt
 
 

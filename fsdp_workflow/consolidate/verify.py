@@ -15,10 +15,11 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from .arch_rules import ArchResult, expected_from_rules
 from .hf_assets import needs_arch_from_model_type
+from .report import FromPretrainedReport, KeyReport
 
 __all__ = ["ArchResult", "ArchitectureCheck", "cached_expected", "compare_keys", "from_pretrained_check"]
 
@@ -122,8 +123,16 @@ class ArchitectureCheck(threading.Thread):
         return self._result
 
 
-def compare_keys(arch: ArchResult, written: dict[str, tuple]) -> dict[str, Any]:
-    """Missing / unexpected / shape-mismatched keys of the output against the architecture."""
+def compare_keys(arch: ArchResult, written: dict[str, tuple[int, ...]]) -> KeyReport:
+    """Missing / unexpected / shape-mismatched keys of the output against the architecture.
+
+    Args:
+        arch: The expected keys and shapes (and the tied aliases that may be absent).
+        written: Name -> shape of every tensor written.
+
+    Returns:
+        Counts and the offending keys; all three lists empty when the output matches.
+    """
     missing = sorted(k for k in arch.expected if k not in written and k not in arch.optional)
     unexpected = sorted(k for k in written if k not in arch.expected)
     mismatched = sorted(
@@ -134,8 +143,16 @@ def compare_keys(arch: ArchResult, written: dict[str, tuple]) -> dict[str, Any]:
             "unexpected": unexpected, "shape_mismatch": mismatched}
 
 
-def from_pretrained_check(out_dir: Path, architecture: str) -> dict[str, Any]:
-    """Load the output with transformers and report what it said about the keys."""
+def from_pretrained_check(out_dir: Path, architecture: str) -> FromPretrainedReport:
+    """Load the output with transformers and report what it said about the keys.
+
+    Args:
+        out_dir: The written model directory (config.json included).
+        architecture: The transformers class to load it with.
+
+    Returns:
+        ``ok`` and, when not, the exception or transformers' lists of problem keys.
+    """
     import transformers
 
     cls = getattr(transformers, architecture)
@@ -143,6 +160,16 @@ def from_pretrained_check(out_dir: Path, architecture: str) -> dict[str, Any]:
         model, info = cls.from_pretrained(str(out_dir), output_loading_info=True, dtype="auto")
     except Exception as exc:  # noqa: BLE001 - reported
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    problems = {k: [str(x) for x in v] for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
     del model
-    return {"ok": not problems, **problems}
+    report: FromPretrainedReport = {"ok": True}
+    for key in _LOADING_PROBLEMS:
+        found = info.get(key)
+        if found:
+            report[key] = [str(x) for x in found]
+            report["ok"] = False
+    return report
+
+
+# The lists in transformers' loading info that mean the output does not load cleanly.
+_LOADING_PROBLEMS: tuple[Literal["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"], ...] = (
+    "missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")

@@ -4,6 +4,11 @@ Each DCP chunk in a ``.distcp`` file is a complete ``torch.save`` archive stored
 (offset, length). torch writes its entries uncompressed, with the tensor bytes 64-byte
 aligned in ``<prefix>/data/<key>``; the local headers use data descriptors, so sizes are
 taken from the central directory at the end of the archive.
+
+Parsing the headers here (rather than :mod:`zipfile`) is the point: it yields the absolute
+byte offset of the tensor data inside the shard file, which the writer then reads with
+``preadv`` straight into its output buffers. A whole member that is only read once
+(``meta.pt``'s ``data.pkl``) goes through :mod:`zipfile` instead (:mod:`.metadata`).
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import ConsolidationError
 from .metadata import TensorRef, dtype_info, restricted_loads
@@ -26,6 +30,8 @@ _HEAD_READ = 4096
 
 @dataclass
 class ZipEntry:
+    """One central-directory record: where the member's local header is, and its size."""
+
     name: str
     header_offset: int
     size: int
@@ -39,7 +45,7 @@ class ChunkData:
     data_offset: int
     nbytes: int
     dtype: str
-    shape: tuple
+    shape: tuple[int, ...]
     contiguous: bool
 
 
@@ -87,7 +93,8 @@ def list_entries(fd: int, base: int, length: int, source: str) -> tuple[list[Zip
         raise ConsolidationError(f"{source}: zip directory points past the chunk at offset {base}; the shard is corrupt")
     rel = cd_off - (length - tail_n)
     cdir = tail[rel : rel + cd_size] if rel >= 0 else _pread(fd, cd_size, base + cd_off, source)
-    entries, p = [], 0
+    entries: list[ZipEntry] = []
+    p = 0
     for _ in range(n_entries):
         if cdir[p : p + 4] != _CDIR:
             raise ConsolidationError(f"{source}: bad zip directory entry in chunk at offset {base}")
@@ -144,23 +151,11 @@ def locate_chunk(fd: int, base: int, length: int, source: str) -> ChunkData:
     return ChunkData(base + start, nbytes, ref.storage.dtype, ref.shape, contiguous)
 
 
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, acc = [], 1
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    acc = 1
     for s in reversed(shape):
         strides.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(strides))
 
-
-def read_zip_member(path: Path, suffix: str) -> bytes:
-    """Read one member (by name suffix, e.g. ``data.pkl``) of a whole-file torch.save zip."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        length = os.fstat(fd).st_size
-        entries, head = list_entries(fd, 0, length, str(path))
-        for e in entries:
-            if e.name.split("/", 1)[-1] == suffix:
-                return _entry_bytes(fd, 0, e, head, str(path))
-    finally:
-        os.close(fd)
-    raise ConsolidationError(f"{path}: no '{suffix}' inside; not a torch.save file")

@@ -1,0 +1,106 @@
+"""The shape of ``verification.json`` (and :attr:`ConsolidationResult.verification`).
+
+The report is plain JSON, read back by ``status`` and by people, so it stays a dict at
+runtime; these TypedDicts name every key the steps write, so a misspelt key or a wrong
+value type is a type error rather than a silently different file.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, TypedDict, Union
+
+# A value json.loads can return: config.json and verification.json are made of these.
+JsonValue = Union[None, bool, int, float, str, List["JsonValue"], Dict[str, "JsonValue"]]
+JsonObject = Dict[str, JsonValue]
+PlainValue = Union[bool, int, float, str]
+
+
+class TensorEntry(TypedDict):
+    """One written tensor: its dtype and shape, its sha256, and whether it equals the source bytes."""
+
+    dtype: str
+    shape: list[int]
+    sha256: str
+    equal_to_source: bool | None
+
+
+class ArchitectureEntry(TypedDict):
+    """The class config.json resolves to, and how it was resolved."""
+
+    name: str | None
+    resolves: bool
+    notes: list[str]
+
+
+class KeyReport(TypedDict):
+    """The written keys against the architecture's expected state dict."""
+
+    expected: int
+    written: int
+    missing: list[str]
+    unexpected: list[str]
+    shape_mismatch: list[str]
+
+
+class TiedReport(TypedDict):
+    """The output embedding dropped because config.json ties it to the input embedding."""
+
+    dropped: str
+    kept: str
+    identical: bool
+
+
+class FromPretrainedReport(TypedDict, total=False):
+    """The load test: ``ok`` with what transformers complained about, or why it was skipped."""
+
+    ok: bool
+    error: str
+    skipped: str
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    mismatched_keys: list[str]
+    error_msgs: list[str]
+
+
+class ModuleMatch(TypedDict):
+    """ZeRO-1/2: how many rebuilt fp32 masters round exactly to the saved 16-bit module."""
+
+    matching: int
+    differing: list[str]
+
+
+# What verification.json records about one DeepSpeed source (a key starts with a digit,
+# hence the functional form).
+DeepSpeedReport = TypedDict("DeepSpeedReport", {
+    "zero_stage": int,
+    "world_size": int,
+    "tag": str,
+    "source": str,
+    "shared_params": Dict[str, str],
+    "16bit_module_matches_fp32": ModuleMatch,
+}, total=False)
+
+
+class _VerificationCore(TypedDict):
+    ok: bool
+    errors: list[str]
+    notes: list[str]
+    layout: str
+    dtype: str
+
+
+class VerificationReport(_VerificationCore, total=False):
+    """Everything verification.json holds; the optional keys appear when their check ran.
+
+    ``ok``, ``errors``, ``notes``, ``layout`` and ``dtype`` are always present; ``tensors``
+    only when verification ran (the CLI's ``verified`` reads that).
+    """
+
+    deepspeed: list[DeepSpeedReport]
+    meta_pt: dict[str, PlainValue]
+    tied_lm_head: TiedReport
+    assets_copied: list[str]
+    tensors: dict[str, TensorEntry]
+    architecture: ArchitectureEntry
+    keys: KeyReport
+    from_pretrained: FromPretrainedReport

@@ -1,0 +1,339 @@
+"""Steps 2-5 of a consolidation: plan the files, write them, verify them, commit them.
+
+Each step is a function from typed inputs to a small dataclass, so :func:`~.api.consolidate`
+reads as their composition and each can be tested alone:
+
+    source  = resolve_source(src, out, selection)                      # .source
+    plan    = plan_output(source, out_dtype, weights, max_shard_bytes)  # names, dtypes, file layout
+    written = write_output(source, plan, staging, settings)             # safetensors, index, config, assets
+    report  = verify_output(source, plan, written, ...)                 # verification.json's content
+    commit_output(staging, out, report, source)                         # verification.json, rename
+
+Everything is written into a temporary sibling of ``out`` (:func:`staging_dir`), which is
+renamed only once verification passed, so ``out`` never holds a half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arch_rules import ArchResult
+from .average import normalise_weights
+from .casting import FLOAT_NAMES
+from .deepspeed import DeepSpeedCheckpoint
+from .errors import ConsolidationError
+from .hf_assets import copy_assets, dominant_float_dtype, write_config
+from .keys import map_keys
+from .reader import SourceTensor
+from .report import JsonObject, VerificationReport
+from .source import Source
+from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
+from .writer import OutFile, OutTensor, StreamingWriter, TensorReport, plan_files, source_digest
+
+TIED_OUTPUT_NAMES = ("lm_head.weight", "embed_out.weight")
+TIED_INPUT_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+INDEX_FILE = "model.safetensors.index.json"
+VERIFICATION_FILE = "verification.json"
+
+
+@dataclass(frozen=True)
+class TiedPair:
+    """An output embedding config.json ties to the input embedding: written once, as the input."""
+
+    dropped: str  # e.g. lm_head.weight
+    kept: str  # e.g. model.embed_tokens.weight
+    dropped_source: SourceTensor  # in the newest checkpoint, to check the two were really equal
+    kept_source: SourceTensor
+
+
+@dataclass
+class OutputPlan:
+    """Step 2's result: every output tensor, its dtype and sources, and the file layout."""
+
+    tensors: list[OutTensor]
+    files: list[OutFile]
+    total_bytes: int
+    dtype: str  # the floating dtype holding most bytes: config.json's ``torch_dtype``
+    tied: TiedPair | None
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    """How to write: threads, whether to hash and read back, whether to show a progress bar."""
+
+    workers: int
+    verify: bool
+    progress: bool
+
+
+@dataclass
+class Written:
+    """Step 3's result: what is in the staging directory, and the checks that ran beside the copy."""
+
+    directory: Path
+    reports: dict[str, TensorReport]  # per tensor: sha256 and read-back equality (when verifying)
+    tied_identical: bool | None  # the dropped tied tensor equalled the kept one (None: no tied pair)
+    assets_copied: list[str]  # tokenizer and generation files taken from the reference
+    architectures: list[str]  # as written to config.json
+    architecture: ArchResult | None  # expected keys, computed in the background (verify + reference only)
+
+
+def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] | None,
+                max_shard_bytes: int) -> OutputPlan:
+    """Name the output tensors, pick their dtypes and sources, and lay out the files.
+
+    Args:
+        source: The opened checkpoints (several when averaging).
+        out_dtype: Cast floating tensors to this dtype; None keeps the stored dtypes.
+        weights: Averaging weights, one per checkpoint (None: equal).
+        max_shard_bytes: Start a new safetensors file past this size.
+
+    Returns:
+        The :class:`OutputPlan`; nothing is read or written yet beyond the checkpoints' indexes.
+
+    Raises:
+        ConsolidationError: No model keys, checkpoints of different models, or shard
+            files that are missing or shorter than their metadata says.
+    """
+    ckpts = source.checkpoints
+    archs = source.reference.architectures if source.reference else []
+    causal = (not archs) or any(a.endswith("ForCausalLM") for a in archs)
+    mappings = [map_keys(list(c.tensors), source.subtree_key, causal) for c in ckpts]
+    names = list(mappings[-1])
+    for c, m in zip(ckpts, mappings):
+        if set(m) != set(names):
+            diff = sorted(set(m) ^ set(names))[:5]
+            raise ConsolidationError(f"{c.path}: its model keys differ from {ckpts[-1].path} (e.g. {diff}); cannot average different models")
+    for c, m in zip(ckpts, mappings):
+        c.check_files(list(m.values()))
+    newest = {n: ckpts[-1].tensors[mappings[-1][n]] for n in names}
+    tied = _tied_pair(names, source.reference.config if source.reference else None, newest)
+    w = normalise_weights(weights, len(ckpts)) if len(ckpts) > 1 or weights else None
+    tensors = []
+    for n in names:
+        if tied and n == tied.dropped:
+            continue
+        srcs = [c.tensors[m[n]] for c, m in zip(ckpts, mappings)]
+        keep = srcs[-1].dtype
+        dt = out_dtype if (out_dtype and keep in FLOAT_NAMES) else keep
+        tensors.append(OutTensor(n, srcs, dt, w if len(srcs) > 1 else None))
+    bytes_by_dtype: dict[str, int] = {}
+    for t in tensors:
+        bytes_by_dtype[t.dtype] = bytes_by_dtype.get(t.dtype, 0) + t.nbytes
+    return OutputPlan(tensors, plan_files(tensors, max_shard_bytes), sum(t.nbytes for t in tensors),
+                      dominant_float_dtype(bytes_by_dtype), tied)
+
+
+def _tied_pair(names: list[str], config: JsonObject | None, newest: dict[str, SourceTensor]) -> TiedPair | None:
+    """The (output, input) embedding pair to write once, when config.json ties them and the shapes agree."""
+    if not config or config.get("tie_word_embeddings") is not True:
+        return None
+    out = next((n for n in TIED_OUTPUT_NAMES if n in newest), None)
+    inp = next((n for n in names if n.endswith(TIED_INPUT_SUFFIXES) and n != out), None)
+    if out and inp and newest[out].shape == newest[inp].shape:
+        return TiedPair(out, inp, newest[out], newest[inp])
+    return None
+
+
+@contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """A fresh temporary sibling of ``out`` to write into; removed if anything fails before the commit.
+
+    Args:
+        out: The final output directory.
+
+    Yields:
+        The empty staging directory (``.OUT.tmp-PID``).
+    """
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_output(source: Source, plan: OutputPlan, staging: Path, settings: WriteSettings) -> Written:
+    """Write the model into ``staging``: safetensors files, their index, config.json and tokenizer files.
+
+    The architecture check (with verification and a reference) and the tied-weight
+    digests run in background threads during the copy, which dominates the time.
+
+    Args:
+        source: The opened checkpoints and reference.
+        plan: From :func:`plan_output`.
+        staging: An empty directory (:func:`staging_dir`).
+        settings: Threads, verification, progress bar.
+
+    Returns:
+        What was written, with the per-tensor reports and background results.
+
+    Raises:
+        ConsolidationError: A shard does not hold what its metadata says.
+        OSError: The output cannot be written (disk full, permissions).
+    """
+    ref = source.reference
+    arch_check = ArchitectureCheck(ref.path, ref.architectures) if (settings.verify and ref) else None
+    if arch_check:
+        arch_check.start()
+    tied = plan.tied
+    with ThreadPoolExecutor(max_workers=2) as side:
+        digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
+        bar = _Bar(plan.total_bytes) if settings.progress else None
+        try:
+            writer = StreamingWriter(staging, plan.files, settings.workers, bar, verify=settings.verify)
+            reports = writer.run()
+        finally:
+            if bar:
+                bar.close()
+        tied_identical = digests[0].result() == digests[1].result() if digests else None
+    if len(plan.files) > 1:
+        index = {"metadata": {"total_size": plan.total_bytes},
+                 "weight_map": {t.name: plan.files[t.file_index].name for t in plan.tensors}}
+        (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    arch = arch_check.result() if arch_check else None
+    archs = ref.architectures if ref else []
+    if arch and arch.architecture:  # a wrapper class name resolved from model_type
+        archs = [arch.architecture]
+    copied: list[str] = []
+    if ref is not None:
+        copied = copy_assets(ref.path, staging, ref.config)
+        write_config(ref.config, staging, archs, plan.dtype)
+    return Written(staging, reports, tied_identical, copied, archs, arch)
+
+
+class _Bar:
+    """The tqdm progress bar's two calls the writer needs (tqdm is imported only when shown)."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="consolidate",
+                         file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+
+    def __call__(self, n: int) -> None:
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify: bool,
+                  from_pretrained_max_bytes: int) -> VerificationReport:
+    """Check what was written and say so in a report (verification.json's content).
+
+    With ``verify``: every tensor equals its source bytes, the keys and shapes match the
+    architecture in config.json, and (under ``from_pretrained_max_bytes``) transformers
+    loads the result without complaint. Without it only the facts are recorded.
+
+    Args:
+        source: The opened checkpoints and reference.
+        plan: From :func:`plan_output`.
+        written: From :func:`write_output`.
+        verify: Run the checks (else only record what was done).
+        from_pretrained_max_bytes: Load the result with ``from_pretrained`` when smaller.
+
+    Returns:
+        The report; ``ok`` is False when any check failed, with the reasons in ``errors``.
+    """
+    report: VerificationReport = {"ok": True, "errors": [], "notes": list(source.notes), "layout": source.layout,
+                                  "dtype": plan.dtype}
+    if source.layout == "deepspeed":
+        report["deepspeed"] = [c.describe() for c in source.checkpoints if isinstance(c, DeepSpeedCheckpoint)]
+    if source.meta_pt is not None:
+        report["meta_pt"] = source.meta_pt
+    if plan.tied is not None:
+        same = bool(written.tied_identical)
+        report["tied_lm_head"] = {"dropped": plan.tied.dropped, "kept": plan.tied.kept, "identical": same}
+        if not same:
+            report["notes"].append(f"'{plan.tied.dropped}' differed from '{plan.tied.kept}' in the checkpoint; "
+                                   "dropped it because config.json ties them")
+    if source.reference is not None:
+        report["assets_copied"] = written.assets_copied
+    if verify:
+        _check_tensors(report, plan, written)
+        if _check_architecture(report, plan, written) and source.reference is not None:
+            _check_loading(report, plan, written, from_pretrained_max_bytes)
+    if source.reference is None:
+        report["notes"].append("no reference config.json found: wrote weights only, architecture checks skipped (pass --reference HF_DIR)")
+    report["ok"] = not report["errors"]
+    return report
+
+
+def _check_tensors(report: VerificationReport, plan: OutputPlan, written: Written) -> None:
+    reports = written.reports
+    report["tensors"] = {t.name: {"dtype": t.dtype, "shape": list(t.shape), "sha256": reports[t.name].sha256,
+                                  "equal_to_source": reports[t.name].equal_to_source} for t in plan.tensors}
+    bad = [t.name for t in plan.tensors if reports[t.name].equal_to_source is False]
+    if bad:
+        report["errors"].append(f"output differs from the source chunks for {bad[:5]}")
+
+
+def _check_architecture(report: VerificationReport, plan: OutputPlan, written: Written) -> bool:
+    """Keys and shapes against config.json; True when they match (so loading is worth trying)."""
+    arch = written.architecture
+    if arch is None:
+        return False
+    report["architecture"] = {"name": arch.architecture, "resolves": arch.error is None, "notes": arch.notes}
+    if arch.error:
+        report["errors"].append(arch.error)
+        return False
+    keys = compare_keys(arch, {t.name: t.shape for t in plan.tensors})
+    report["keys"] = keys
+    if keys["missing"] or keys["unexpected"] or keys["shape_mismatch"]:
+        report["errors"].append(
+            "the checkpoint does not match the architecture in config.json: "
+            f"missing {keys['missing'][:5]}, unexpected {keys['unexpected'][:5]}, shape mismatch {keys['shape_mismatch'][:5]}"
+            " (is --reference the config this model was trained with?)"
+        )
+        return False
+    return True
+
+
+def _check_loading(report: VerificationReport, plan: OutputPlan, written: Written, max_bytes: int) -> None:
+    if plan.total_bytes > max_bytes:
+        report["from_pretrained"] = {"skipped": f"model is {plan.total_bytes} bytes, above the {max_bytes}-byte limit for a load test"}
+        return
+    loaded = from_pretrained_check(written.directory, written.architectures[0])
+    report["from_pretrained"] = loaded
+    if not loaded.get("ok"):
+        report["errors"].append(f"from_pretrained reported problems: {loaded}")
+
+
+def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source) -> None:
+    """Write verification.json, then move the staging directory to ``out`` if the report is ok.
+
+    Args:
+        staging: The written model (:func:`write_output`).
+        out: The final output directory (must not exist; checked by :mod:`.options`).
+        report: From :func:`verify_output`.
+        source: For the error message.
+
+    Raises:
+        ConsolidationError: Verification failed; ``out`` is not created (the caller's
+            :func:`staging_dir` removes the staging directory).
+    """
+    (staging / VERIFICATION_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if not report["ok"]:
+        raise ConsolidationError(f"verification failed for {source.dirs[-1]}: " + "; ".join(report["errors"])
+                                 + f". Nothing was written to {out}.")
+    os.rename(staging, out)
+
+
+def remove_sources(source: Source) -> None:
+    """Delete the source checkpoint directories (``--remove-sharded``, after a verified commit)."""
+    for d in source.dirs:
+        shutil.rmtree(d)
+
