@@ -1,4 +1,4 @@
-"""Fast unit tests: key hygiene, architecture names, sizes, casting, zip parsing, metadata safety."""
+"""Fast unit tests: key hygiene, architecture names, sizes, casting, zip parsing, metadata safety, planning."""
 
 from __future__ import annotations
 
@@ -118,3 +118,77 @@ def test_restricted_unpickler_reads_real_metadata_objects():
     got = restricted_loads(pickle.dumps(md), "m")
     t = got.state_dict_metadata["w"]
     assert t.properties.dtype.name == "bfloat16" and t.size == (4, 2) and t.chunks[0].sizes == (4, 2)
+
+
+def test_load_dcp_metadata_refuses_through_the_shared_allow_list(tmp_path, monkeypatch):
+    """The consolidator's unpickler is core's AllowListUnpickler: same list, same refusal, nothing run."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from fsdp_workflow.core import safe_pickle
+    from fsdp_workflow.consolidate.metadata import RestrictedUnpickler, load_dcp_metadata
+
+    from .test_safety import _Payload
+
+    assert issubclass(RestrictedUnpickler, safe_pickle.AllowListUnpickler)
+    marker = tmp_path / "PWNED"
+    meta = Metadata({}, planner_data=_Payload(marker))
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(meta))
+    with pytest.raises(UnsafeCheckpointError) as err:
+        load_dcp_metadata(path)
+    assert str(err.value) == safe_pickle.refusal(str(path), "builtins", "exec")
+    assert not marker.exists()
+    # The decision is the shared one: the refusal goes through AllowListUnpickler.find_class,
+    # and the trainer's loader (core.load_dcp_metadata) refuses the same file.
+    seen = []
+    find_class = safe_pickle.AllowListUnpickler.find_class
+
+    def recording_find_class(self, module, name):
+        seen.append((module, name))
+        return find_class(self, module, name)
+
+    monkeypatch.setattr(safe_pickle.AllowListUnpickler, "find_class", recording_find_class)
+    with pytest.raises(UnsafeCheckpointError):
+        load_dcp_metadata(path)
+    assert ("builtins", "exec") in seen
+    with pytest.raises(safe_pickle.UnsafePickleError, match="builtins.exec"):
+        safe_pickle.load_dcp_metadata(path)
+    assert not marker.exists()
+
+
+def test_every_shared_allow_list_global_has_a_torch_free_stand_in():
+    """Nothing the shared list admits is imported by the consolidator: each resolves to a stand-in here."""
+    import io
+
+    from fsdp_workflow.core import safe_pickle
+    from fsdp_workflow.consolidate.metadata import RestrictedUnpickler
+
+    unpickler = RestrictedUnpickler(io.BytesIO(b""), "test")
+    names = set(safe_pickle.DCP_METADATA_GLOBALS) | set(safe_pickle.TENSOR_ARCHIVE_GLOBALS)
+    names |= {("torch", n) for n in safe_pickle.TORCH_DTYPE_NAMES}
+    for module, name in sorted(names):
+        obj = unpickler.find_class(module, name)
+        home = getattr(obj, "__module__", None) or type(obj).__module__
+        assert not home.startswith("torch"), (module, name, obj)
+
+
+def test_plan_output_drops_the_tied_head_and_splits_files(tmp_path):
+    """plan_output alone: key mapping, tied lm_head dropped, cast of floats only, one file per size limit."""
+    from fsdp_workflow.consolidate.reader import DcpCheckpoint
+    from fsdp_workflow.consolidate.source import Reference, Source
+    from fsdp_workflow.consolidate.steps import plan_output
+    from fsdp_workflow.consolidate.synthetic import write_dcp
+
+    specs = [("model.model.embed_tokens.weight", (8, 4), torch.float32), ("model.lm_head.weight", (8, 4), torch.float32),
+             ("model.model.norm.weight", (4,), torch.float32), ("model.model.steps", (2,), torch.int64),
+             ("optimizer.state.x", (3,), torch.float32)]
+    write_dcp(tmp_path / "ckpt", specs, lambda fqn, o, s, dt: torch.zeros(s, dtype=dt), dp=2)
+    config = {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True}
+    source = Source("dcp", [tmp_path / "ckpt"], [DcpCheckpoint(tmp_path / "ckpt")], None,
+                    Reference(tmp_path, config, ["LlamaForCausalLM"]))
+    plan = plan_output(source, out_dtype="bfloat16", weights=None, max_shard_bytes=64)
+    assert [t.name for t in plan.tensors] == ["model.embed_tokens.weight", "model.norm.weight", "model.steps"]
+    assert plan.tied is not None and (plan.tied.dropped, plan.tied.kept) == ("lm_head.weight", "model.embed_tokens.weight")
+    assert [t.dtype for t in plan.tensors] == ["bfloat16", "bfloat16", "int64"]
+    assert plan.total_bytes == 8 * 4 * 2 + 4 * 2 + 2 * 8 and plan.dtype == "bfloat16"
+    assert [f.name for f in plan.files] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
