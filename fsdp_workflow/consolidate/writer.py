@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Literal
 
 from .average import accumulate
 from .casting import cast_bytes
@@ -33,7 +33,7 @@ from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor, chunk_runs
 
 SLAB_BYTES = 512 << 10  # assembled-output and read-back buffer, two per worker: small enough to stay in CPU cache between the write, the hash and the compare
-_FALLOCATE: Any = None  # libc fallocate, False where unavailable; resolved on first use
+_FALLOCATE: Callable[[int, int, int, int], int] | Literal[False] | None = None  # libc fallocate, False where unavailable; resolved on first use
 
 
 @dataclass
@@ -243,8 +243,9 @@ def _preallocate(fd: int, size: int) -> None:
         try:
             import ctypes
 
-            _FALLOCATE = ctypes.CDLL(None, use_errno=True).fallocate
-            _FALLOCATE.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+            fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _FALLOCATE = fallocate
         except (OSError, AttributeError):
             _FALLOCATE = False
     if _FALLOCATE and size > 0:
