@@ -17,7 +17,8 @@ class OptimizerError(RuntimeError):
 
 def _param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict]:
     """No weight decay on biases and norm weights (1-D tensors), the usual convention."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in params:
         if not p.requires_grad:
             continue
@@ -47,16 +48,16 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, 
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
     if cfg.name == OptimizerName.sgd:
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=betas[0])
-    if cfg.name == OptimizerName.adamw_torch_8bit:
+    if cfg.name.is_8bit and not cfg.name.is_bitsandbytes:  # torchao's AdamW8bit
         if importlib.util.find_spec("torchao") is None:
             raise OptimizerError(
-                "optimizer.name=adamw_torch_8bit needs torchao (`pip install torchao`), which is not "
+                f"optimizer.name={cfg.name.value} needs torchao (`pip install torchao`), which is not "
                 "installed. Use optimizer=adamw, or install torchao."
             )
         from torchao.optim import AdamW8bit
 
         return AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
-    if cfg.name in (OptimizerName.adamw_8bit, OptimizerName.adamw_bnb_8bit):
+    if cfg.name.is_bitsandbytes:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise OptimizerError(
                 f"optimizer.name={cfg.name.value} needs bitsandbytes (`pip install bitsandbytes`, CUDA only), "

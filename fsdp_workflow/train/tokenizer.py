@@ -28,14 +28,17 @@ def byte_level_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    # GPT-2's byte -> printable character table (what ByteLevel pre-tokenizers emit);
+    # transformers 5 keeps it here, no longer in models.gpt2.tokenization_gpt2.
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    # ByteLevel maps each byte to a printable character; order them by byte value
-    # so that token id == byte value.
-    byte_to_char = _bytes_to_unicode()
+    # Order the characters by byte value so that token id == byte value.
+    byte_to_char = bytes_to_unicode()
     vocab = {byte_to_char[b]: b for b in range(256)}
     assert set(vocab) == set(alphabet)
-    for i, tok in enumerate(BYTE_SPECIALS):
-        vocab[tok] = 256 + i
+    for i, special in enumerate(BYTE_SPECIALS):
+        vocab[special] = 256 + i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -48,19 +51,6 @@ def byte_level_tokenizer() -> Any:
         unk_token="<unk>",
         model_max_length=1 << 30,
     )
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (what ByteLevel pre-tokenizers emit)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def tokenizer_source(model_cfg: ModelConfig) -> Optional[str]:
