@@ -1,8 +1,8 @@
 """Config stage: typed schema, loading, validation and the Accelerate environment.
 
 Nothing here imports torch or transformers. The names below are loaded on
-first use, so ``fsdp_workflow.core.sizes`` (which the consolidator imports)
-does not pull in Hydra and OmegaConf.
+first use, so importing one small module (``fsdp_workflow.config.schema`` for
+a type) does not pull in Hydra.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Accelerate's parsers accept:
 
 Only the variables the chosen strategy reads are written, so ``launch.env``
 says exactly what takes effect. The file is sourced by the job scripts and
-parsed back by Python with :func:`read_launch_env`.
+parsed back by Python with :func:`read_launch_env`; the planner renders it
+(:func:`fsdp_workflow.plan.render.render_launch_env`: only the plan stage writes shell).
 
 No torch or accelerate import here: planning must stay fast.
 """
@@ -24,10 +25,9 @@ No torch or accelerate import here: planning must stay fast.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from pathlib import Path
-from typing import Dict, Mapping
+from typing import Dict
 
 from fsdp_workflow.config.schema import (
     AutoWrapPolicy,
@@ -35,8 +35,8 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyName,
     WorkflowConfig,
-
 )
+from fsdp_workflow.core.envnames import is_env_name
 
 FSDP_STRATEGIES = (StrategyName.fsdp1, StrategyName.fsdp2)
 DEEPSPEED_STRATEGIES = (
@@ -45,11 +45,6 @@ DEEPSPEED_STRATEGIES = (
     StrategyName.deepspeed_zero3,
 )
 
-_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HEADER = (
-    "# Environment read by Accelerate on every rank; written by fsdp_workflow.\n"
-    "# Load it with:  source launch.env   (each line exports one variable)\n"
-)
 
 
 def _flag(value: bool) -> str:
@@ -80,7 +75,7 @@ def accelerate_env(cfg: WorkflowConfig) -> Dict[str, str]:
 
     Returns:
         An ordered ``name -> value`` mapping of strings, ready for
-        :func:`write_launch_env` or ``os.environ.update``.
+        :func:`fsdp_workflow.plan.render.render_launch_env` or ``os.environ.update``.
     """
     s = cfg.strategy
     env: Dict[str, str] = {
@@ -152,44 +147,8 @@ def _deepspeed_env(cfg: WorkflowConfig) -> Dict[str, str]:
     return env
 
 
-def write_launch_env(env: Mapping[str, str], path: str | os.PathLike[str]) -> Path:
-    """Write ``env`` as ``export NAME='value'`` lines that bash can ``source``.
-
-    Every value goes through :func:`shlex.quote`, so spaces, quotes, ``$``,
-    ``;`` and newlines reach the program unchanged and nothing is expanded.
-    ``set -a; . launch.env; set +a`` works too. The file is replaced
-    atomically. :func:`read_launch_env` parses it back.
-
-    Args:
-        env: variable names and string values.
-        path: the file to write (conventionally ``RUN_DIR/launch.env``).
-
-    Returns:
-        The path written.
-
-    Raises:
-        ValueError: a name is not a valid shell identifier, or a value holds a
-            NUL byte (no process environment can carry one).
-    """
-    lines = [_HEADER]
-    for key, value in env.items():
-        if not _KEY_RE.match(key):
-            raise ValueError(f"launch.env: {key!r} is not a valid environment variable name")
-        if not isinstance(value, str):
-            raise ValueError(f"launch.env: {key} must be a string, got {type(value).__name__}")
-        if "\0" in value:
-            raise ValueError(f"launch.env: {key} holds a NUL byte")
-        lines.append(f"export {key}={shlex.quote(value)}\n")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
 def read_launch_env(path: str | os.PathLike[str]) -> Dict[str, str]:
-    """Parse a file written by :func:`write_launch_env` back into a dict.
+    """Parse ``launch.env`` (:func:`fsdp_workflow.plan.render.render_launch_env`) back into a dict.
 
     Uses the same POSIX quoting rules bash applies, so a value spanning lines
     (a quoted newline) comes back intact. ``export`` is optional.
@@ -203,7 +162,7 @@ def read_launch_env(path: str | os.PathLike[str]) -> Dict[str, str]:
         if token == "export":
             continue
         key, sep, value = token.partition("=")
-        if not sep or not _KEY_RE.match(key):
+        if not sep or not is_env_name(key):
             raise ValueError(f"{path}: expected NAME=value, found {token!r}")
         env[key] = value
     return env

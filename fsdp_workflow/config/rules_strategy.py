@@ -15,7 +15,6 @@ from fsdp_workflow.config.schema import (
     Device,
     MixedPrecision,
     OffloadDevice,
-    OptimizerName,
     StrategyConfig,
     StrategyName,
     WorkflowConfig,

@@ -4,6 +4,11 @@ Validation (``consolidate.max_shard_size``) and the consolidator's
 ``--max-shard-size`` both call :func:`parse_size`, so a value the planner accepts
 is a value the consolidation job can use. Decimal units are powers of 1000 and
 binary ones powers of 1024, as in ``transformers``' ``save_pretrained``.
+
+Why not a library's: ``huggingface_hub``'s ``parse_size_to_int`` (a private
+module) takes only KB..TB, neither binary units nor a plain byte count, and
+``transformers.utils.convert_file_size_to_int`` is gone in transformers 5 (and
+importing transformers would cost planning seconds).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ user reads when a job fails (docs/slurm.md).
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import List
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, sbatch_argv
+from fsdp_workflow.plan.render import shell_join
 
 SBATCH_TIMEOUT_S = 120  # a busy controller can take a while; never hang the login shell forever
 
@@ -119,6 +119,6 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
             after = next(d.job_id for d in submitted if d.job.role == s.job.after)
             print(f"{label:<19}{s.job_id}  (afterok:{after}, kill-on-invalid-dep)")
         print(f"  log:             {plan.layout.log_file(s.job.role, s.job_id)}")
-    print(f"follow:            python -m fsdp_workflow.status {shlex.quote(str(plan.run_dir))}")
-    print(f"                   tail -f {shlex.quote(str(plan.layout.log_file(train.job.role, train.job_id)))}")
+    print("follow:            " + shell_join(["python", "-m", "fsdp_workflow.status", str(plan.run_dir)]))
+    print("                   " + shell_join(["tail", "-f", str(plan.layout.log_file(train.job.role, train.job_id))]))
     return 0

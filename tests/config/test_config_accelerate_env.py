@@ -13,7 +13,14 @@ from typing import Dict
 
 import pytest
 
-from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env, write_launch_env
+from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
+from fsdp_workflow.plan.render import render_launch_env
+
+
+def write_launch_env(env, path):
+    """launch.env as the planner writes it (plan.render), for the round trips below."""
+    path.write_text(render_launch_env(env))
+    return path
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.schema import (
     AutoWrapPolicy,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.core.exit_codes import REQUEUE_MARKER
+from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.launch.local import run_local
 from fsdp_workflow.plan.run_dir import write_run_dir
 

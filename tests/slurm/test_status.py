@@ -33,6 +33,8 @@ def test_status_follows_queued_then_cancelled_chain(slurm_cluster, tmp_path):
     assert st["latest_checkpoint_step"] is None and st["consolidated"] == "absent"
 
     (run_dir / "checkpoints" / "step-10").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-10" / ".metadata").write_bytes(b"")  # complete: DCP wrote .metadata last
+    (run_dir / "checkpoints" / "step-15").mkdir()  # no .metadata: not a checkpoint, by the trainer's own rule
     (run_dir / "checkpoints" / "step-20.tmp").mkdir()
     su.scancel(ids["train"])
     su.wait_for_job(ids["consolidate"], timeout_s=60)

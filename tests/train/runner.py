@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env, write_launch_env
+from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
 from fsdp_workflow.config.load import compose, to_yaml
+from fsdp_workflow.plan.render import render_launch_env
 
 # Small and quick: the tiny Llama, 64-token sequences.
 FAST = ["+experiment=smoke", "train.seq_len=64", "train.micro_batch_size=2", "train.log_every_steps=5", "optimizer.warmup_steps=2"]
@@ -33,7 +34,7 @@ def make_run_dir(run_dir: Path, overrides: Sequence[str] = ()) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = compose([*FAST, *overrides, f"run_dir={run_dir}"])
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    write_launch_env(accelerate_env(cfg), run_dir / "launch.env")
+    (run_dir / "launch.env").write_text(render_launch_env(accelerate_env(cfg)))
     return run_dir
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE, REQUEUE_MARKER
+from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
+from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.train.checkpoint import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
