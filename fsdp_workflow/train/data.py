@@ -105,7 +105,8 @@ def split_held_out(docs: List[str], fraction: float, seed: int) -> tuple[List[st
     """Split documents into (train, held-out) by a seeded hash of their index: stable and rank-independent."""
     if fraction <= 0:
         return docs, []
-    train, held = [], []
+    train: List[str] = []
+    held: List[str] = []
     for i, d in enumerate(docs):
         h = int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "little") / 2**64
         (held if h < fraction else train).append(d)
@@ -191,7 +192,8 @@ class RankBatches:
         return batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"samples_consumed": self.position}
+        """The data position (a ``Stateful`` part); ``data_seed`` is a record, not restored."""
+        return {"samples_consumed": self.position, "data_seed": self.source.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = int(state["samples_consumed"])
@@ -207,9 +209,7 @@ def build_sources(cfg: DataConfig, tokenizer: Any, seq_len: int, vocab_size: int
         vocab_size: the model's vocabulary size (synthetic ids are drawn below it).
     """
     if cfg.source == DataSource.synthetic:
-        train = PackedSource(None, seq_len, cfg.seed, vocab_size)
-        held = PackedSource(None, seq_len, cfg.seed + 1, vocab_size)
-        return train, held
+        return PackedSource(None, seq_len, cfg.seed, vocab_size), PackedSource(None, seq_len, cfg.seed + 1, vocab_size)
     docs = read_documents(cfg.source, cfg.path, cfg.text_field)
     if cfg.eval_path:
         train_docs = docs
@@ -217,7 +217,7 @@ def build_sources(cfg: DataConfig, tokenizer: Any, seq_len: int, vocab_size: int
     else:
         train_docs, held_docs = split_held_out(docs, cfg.eval_fraction, cfg.seed)
     train = PackedSource(pack(train_docs, tokenizer, seq_len, cfg.add_eos, cfg.seed), seq_len, cfg.seed)
-    held = None
+    held: Optional[PackedSource] = None
     if held_docs:
         try:
             held = PackedSource(pack(held_docs, tokenizer, seq_len, cfg.add_eos, cfg.seed + 1), seq_len, cfg.seed + 1)

@@ -8,9 +8,13 @@ Run on every rank, by torchrun (or ``accelerate launch``) with the variables of
 
 Steps: process group and ``Accelerator()`` from the environment; tokenizer and
 packed data; model built and wrapped by :mod:`.parallel`; optimizer and
-schedule; resume from the newest complete checkpoint; then per optimizer step:
-reseed, ``grad_accum_steps`` micro-batches, clip, step, one all-reduce carrying
-the loss and the preemption flag, metrics, maybe evaluate, maybe checkpoint.
+schedule; the trainer state as ``Stateful`` parts (:mod:`.state`) and a
+checkpointer for the strategy (:mod:`.checkpointers`); resume from the newest
+complete checkpoint; then per optimizer step: reseed, ``grad_accum_steps``
+micro-batches, clip, step, one all-reduce carrying the loss and the preemption
+flag, metrics, maybe evaluate, maybe checkpoint. After each committed
+checkpoint rank 0 runs ``RUN_DIR/post_checkpoint.sh STEP`` if the planner wrote
+one (:mod:`.hooks`).
 
 Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config, 75 preempted
 (a checkpoint of the current step was saved; requeue), 1 anything else.
@@ -20,27 +24,32 @@ last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
+from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
-from fsdp_workflow.train.checkpoint import Checkpointer, save_hf_assets
-from fsdp_workflow.train.data import RankBatches, build_sources
+from fsdp_workflow.train.assets import save_hf_assets
+from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer
+from fsdp_workflow.train.checkpointers import make_checkpointer
+from fsdp_workflow.train.data import PackedSource, RankBatches, build_sources
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.signals import PreemptionFlag
+from fsdp_workflow.train.state import StepRng, trainer_parts
 from fsdp_workflow.train.tokenizer import load_tokenizer
 
 # Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
@@ -48,6 +57,7 @@ from fsdp_workflow.train.tokenizer import load_tokenizer
 CHUNKED_LOSS_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
+# ---------------------------------------------------------------- setup
 def _device_is_cpu(cfg: WorkflowConfig) -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
         return True
@@ -72,9 +82,29 @@ def init_distributed(cfg: WorkflowConfig) -> None:
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=torch.device("cuda", local_rank))
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The RNG seed of ``step`` on ``rank``: reseeding each step makes resume exact without saving RNG state."""
-    return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
+@dataclass
+class Ranks:
+    """This process's place: the ``Accelerator`` built from the environment, its device, rank and world."""
+
+    accelerator: Any
+    device: torch.device
+    rank: int
+    world: int
+
+    @classmethod
+    def start(cls, cfg: WorkflowConfig) -> "Ranks":
+        """Join the process group (see :func:`init_distributed`) and build ``Accelerator()``."""
+        init_distributed(cfg)
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return cls(accelerator, accelerator.device, rank, world)
+
+    @property
+    def grad_accum(self) -> int:
+        return int(self.accelerator.gradient_accumulation_steps)
 
 
 def install_loss_forward(model: torch.nn.Module, model_type: str, compile_loss: bool = False) -> None:
@@ -102,225 +132,237 @@ def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
             m.forward = torch.compile(m.forward)  # type: ignore[method-assign]
 
 
-def main(run_dir_arg: str) -> int:
-    """Train the run in ``run_dir_arg`` on this rank; return the process exit code."""
-    run_dir = Path(run_dir_arg).resolve()
-    cfg = load_run_config(run_dir)
-    strategy = parallel.requested_strategy()
-    parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
-    init_distributed(cfg)
+@dataclass
+class Trainee:
+    """The wrapped model and optimizer, its schedule, and the unwrapped build's HF config."""
 
-    from accelerate import Accelerator
+    prepared: parallel.Prepared
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    hf_config: Any
+    generation_config: Optional[Any]
 
-    accelerator = Accelerator()
-    device = accelerator.device
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    grad_accum = accelerator.gradient_accumulation_steps
-    mb, seq_len = cfg.train.micro_batch_size, cfg.train.seq_len
-    torch.manual_seed(cfg.train.seed)
 
-    flag = PreemptionFlag().install()
-
-    # ---------------------------------------------------------------- data
-    tokenizer = load_tokenizer(cfg.model)
-    train_src, held_src = build_sources(cfg.data, tokenizer, seq_len, cfg.model.vocab_size)
-    batches = RankBatches(train_src, mb, rank, world)
-
-    # ---------------------------------------------------------------- model + strategy
-    holder: dict[str, Any] = {}
+def build_trainee(cfg: WorkflowConfig, ranks: Ranks, strategy: str) -> Trainee:
+    """Build the model under ``strategy``, its optimizer and schedule (and compile layers if asked)."""
+    built: dict[str, Any] = {}
 
     def build(meta: bool) -> torch.nn.Module:
         m = model_lib.build_model(cfg.model, seed=cfg.train.seed, meta=meta)
-        holder.setdefault("config", m.config)
-        holder.setdefault("generation_config", getattr(m, "generation_config", None))
+        built.setdefault("config", m.config)
+        built.setdefault("generation_config", getattr(m, "generation_config", None))
         return m
 
     prepared = parallel.prepare(
-        accelerator,
+        ranks.accelerator,
         strategy,
         build,
-        lambda m: build_optimizer(m.parameters(), cfg.optimizer, device.type),
+        lambda m: build_optimizer(m.parameters(), cfg.optimizer, ranks.device.type),
         lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
-        micro_batch_size=mb,
+        micro_batch_size=cfg.train.micro_batch_size,
     )
-    model = prepared.model
-    optimizer = prepared.optimizer
     scheduler = build_scheduler(prepared.torch_optimizer, cfg.optimizer, cfg.train.max_steps)
     if cfg.train.compile:
-        compile_layers(model, [c.strip() for c in cfg.model.decoder_layer_cls.split(",")])
+        compile_layers(prepared.model, [c.strip() for c in cfg.model.decoder_layer_cls.split(",")])
+    return Trainee(prepared, scheduler, built["config"], built["generation_config"])
 
-    if rank == 0:
-        save_hf_assets(run_dir, _AssetsView(holder), tokenizer)
 
+def model_flops_per_token(trainee: Trainee, cfg: WorkflowConfig) -> tuple[int, float]:
+    """The parameter count and training FLOPs per token (tied embeddings count once)."""
+    model = trainee.prepared.model
     num_params = sum(p.numel() for p in model.parameters())
     unwrapped = getattr(model, "module", model)
     emb = unwrapped.get_input_embeddings().weight.numel() if hasattr(unwrapped, "get_input_embeddings") else 0
-    tied = bool(getattr(holder["config"], "tie_word_embeddings", False))
-    fpt = flops_per_token(num_params, cfg.model.num_hidden_layers, cfg.model.hidden_size, seq_len, 0 if tied else emb)
-    peak = guess_peak_tflops(device.type, cfg.train.peak_tflops)
+    tied = bool(getattr(trainee.hf_config, "tie_word_embeddings", False))
+    fpt = flops_per_token(num_params, cfg.model.num_hidden_layers, cfg.model.hidden_size, cfg.train.seq_len,
+                          0 if tied else emb)
+    return num_params, fpt
 
-    # ---------------------------------------------------------------- checkpoints + resume
-    async_group = dist.new_group(backend="gloo") if (cfg.checkpoint.async_save and dist.is_initialized()) else None
-    ckpt = Checkpointer(run_dir, cfg.checkpoint, rank, async_group)
-    step = 0
-    resume_from = ckpt.resume_path()
+
+# ---------------------------------------------------------------- the run
+@dataclass
+class Session:
+    """Everything one rank trains with; the loop below reads it top to bottom."""
+
+    cfg: WorkflowConfig
+    ranks: Ranks
+    trainee: Trainee
+    batches: RankBatches
+    held_out: Optional[PackedSource]
+    rng: StepRng
+    parts: Mapping[str, Stateful]
+    checkpointer: Checkpointer
+    log: MetricsLogger
+    flag: PreemptionFlag
+    flops_per_token: float
+    peak_tflops: float
+
+
+@dataclass
+class Outcome:
+    """How training ended: the exit code, why, the last step and the last checkpoint saved."""
+
+    exit_code: int
+    reason: str
+    step: int
+    last_saved: Optional[int]
+
+
+def main(run_dir_arg: str) -> int:
+    """Train the run in ``run_dir_arg`` on this rank; return the process exit code."""
+    run = RunDir.of(Path(run_dir_arg).resolve())
+    cfg = load_run_config(run.root)
+    strategy = parallel.requested_strategy()
+    parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
+    ranks = Ranks.start(cfg)
+    torch.manual_seed(cfg.train.seed)
+    flag = PreemptionFlag().install()
+
+    tokenizer = load_tokenizer(cfg.model)
+    train_src, held_src = build_sources(cfg.data, tokenizer, cfg.train.seq_len, cfg.model.vocab_size)
+    batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.rank, ranks.world)
+    trainee = build_trainee(cfg, ranks, strategy)
+    if ranks.rank == 0:
+        save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer)
+    num_params, fpt = model_flops_per_token(trainee, cfg)
+
+    rng = StepRng(cfg.train.seed, ranks.rank)
+    parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches)
+    checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
+    checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared)
+    resume_from = checkpoints.resume_path(cfg.checkpoint.resume)
     if resume_from is not None:
-        step = _resume(ckpt, resume_from, prepared, scheduler, batches, cfg)
+        checkpointer.load(resume_from, parts)
 
-    log = MetricsLogger(run_dir, rank == 0, cfg.train.max_steps, step, cfg.train.log_every_steps)
+    log = MetricsLogger(run.metrics, ranks.rank == 0, cfg.train.max_steps, rng.step, cfg.train.log_every_steps)
     if resume_from is not None:
-        log.write(f"resumed from {resume_from} at step {step}")
-    log.write(
-        f"strategy {strategy} ({'fully_shard on ' + device.type if prepared.native_fsdp2 else accelerator.distributed_type}), "
-        f"{world} rank(s), {num_params / 1e6:.2f} M parameters, grad_accum {grad_accum}"
-    )
+        log.write(f"resumed from {resume_from} at step {rng.step}")
+    prepared = trainee.prepared
+    wrapping = f"fully_shard on {ranks.device.type}" if prepared.native_fsdp2 else ranks.accelerator.distributed_type
+    log.write(f"strategy {strategy} ({wrapping}), {ranks.world} rank(s), {num_params / 1e6:.2f} M parameters, "
+              f"grad_accum {ranks.grad_accum}")
 
-    # ---------------------------------------------------------------- train
-    exit_code, reason = EXIT_OK, "finished"
-    last_saved: Optional[int] = step if resume_from is not None else None
-    model.train()
+    session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
+                      guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops))
     try:
-        while step < cfg.train.max_steps:
-            torch.manual_seed(step_seed(cfg.train.seed, step, rank))
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(grad_accum):
-                batch = batches.next().to(device, non_blocking=True)
-                with parallel.no_sync(prepared, accelerator, enabled=micro < grad_accum - 1):
-                    loss = model(input_ids=batch, labels=batch)
-                    accelerator.backward(loss)
-                loss_sum += loss.detach().float()
-            grad_norm = parallel.clip_grad_norm(prepared, accelerator, cfg.optimizer.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-
-            # One collective per step: the mean loss and "did any rank get a signal".
-            stats = torch.stack([loss_sum / grad_accum, torch.tensor(float(flag.requested), device=device)])
-            if dist.is_initialized():
-                dist.all_reduce(stats)
-            loss_val, stop = stats[0].item() / world, stats[1].item() > 0
-            dt = time.perf_counter() - t0
-            tokens = world * grad_accum * mb * seq_len
-            record = {
-                "step": step,
-                "loss": loss_val,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens_per_s": tokens / dt,
-                "mfu": tokens / dt * fpt / (world * peak * 1e12),
-                "peak_tflops": peak,
-                "step_time_s": dt,
-                "samples_consumed": batches.position,
-            }
-            if device.type == "cuda":
-                record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            if cfg.train.eval_every_steps and held_src is not None and step % cfg.train.eval_every_steps == 0:
-                record["eval_loss"] = _evaluate(model, held_src, cfg, rank, world, device)
-            log.log(record)
-            ckpt.poll()
-
-            if stop:
-                reason = f"preempted ({flag.name or 'signal on another rank'})"
-                if last_saved != step:
-                    _save(ckpt, prepared, scheduler, batches, step, cfg, blocking=True)
-                    last_saved = step
-                ckpt.wait()
-                exit_code = EXIT_REQUEUE
-                break
-            every = cfg.checkpoint.every_steps
-            if every and step % every == 0:
-                _save(ckpt, prepared, scheduler, batches, step, cfg)
-                last_saved = step
-        if exit_code == EXIT_OK and cfg.checkpoint.save_final and last_saved != step:
-            _save(ckpt, prepared, scheduler, batches, step, cfg, blocking=True)
-            last_saved = step
-        ckpt.wait()
+        outcome = train(session, resumed=resume_from is not None)
+        if ranks.rank == 0:
+            record_exit(run, outcome)
     finally:
         log.close()
         flag.uninstall()
-
-    if rank == 0:
-        info = {"exit_code": exit_code, "reason": reason, "step": step,
-                "checkpoint": str(run_dir / "checkpoints" / f"step-{last_saved}") if last_saved is not None else None}
-        tmp = run_dir / "train_exit.json.tmp"
-        tmp.write_text(json.dumps(info) + "\n")
-        os.replace(tmp, run_dir / "train_exit.json")
-        if exit_code == EXIT_REQUEUE:
-            # The job script requeues only when this marker exists (written before the
-            # barrier below, so no rank exits, and no srun --kill-on-bad-exit fires, first).
-            from fsdp_workflow.core.exit_codes import REQUEUE_MARKER
-
-            (run_dir / REQUEUE_MARKER).write_text(f"step {step}\n")
-        print(f"training {reason} at step {step}; exit code {exit_code}", file=sys.stderr, flush=True)
+        checkpointer.close()  # the last post-checkpoint hook may still need its checkpoint
     if dist.is_initialized():
+        # Rank 0 wrote train_exit.json and .requeue first, so no rank exits (and no
+        # srun --kill-on-bad-exit fires) before the job script can read them.
         dist.barrier()
         dist.destroy_process_group()
-    return exit_code
+    return outcome.exit_code
 
 
-class _AssetsView:
-    """What :func:`save_hf_assets` needs of the model, taken from the unwrapped build."""
+def train(s: Session, resumed: bool) -> Outcome:
+    """Run optimizer steps up to ``train.max_steps``, checkpointing as configured; stop early on a signal.
 
-    def __init__(self, holder: dict[str, Any]):
-        self.config = holder["config"]
-        self.generation_config = holder.get("generation_config")
+    Args:
+        s: the session.
+        resumed: the current step was loaded from a checkpoint (so it needs no final save).
+
+    Returns:
+        How training ended.
+    """
+    cfg, save = s.cfg, s.checkpointer.save
+    last_saved = s.rng.step if resumed else None
+    every = cfg.checkpoint.every_steps
+    s.trainee.prepared.model.train()
+    while s.rng.step < cfg.train.max_steps:
+        record, stop = optimizer_step(s)
+        step = s.rng.step
+        if cfg.train.eval_every_steps and s.held_out is not None and step % cfg.train.eval_every_steps == 0:
+            record["eval_loss"] = evaluate(s)
+        s.log.log(record)
+        s.checkpointer.poll()
+        if stop:
+            if last_saved != step:
+                save(step, s.parts, blocking=True)
+                last_saved = step
+            s.checkpointer.wait()
+            return Outcome(EXIT_REQUEUE, f"preempted ({s.flag.name or 'signal on another rank'})", step, last_saved)
+        if every and step % every == 0:
+            save(step, s.parts)
+            last_saved = step
+    if cfg.checkpoint.save_final and last_saved != s.rng.step:
+        save(s.rng.step, s.parts, blocking=True)
+        last_saved = s.rng.step
+    s.checkpointer.wait()
+    return Outcome(EXIT_OK, "finished", s.rng.step, last_saved)
 
 
-def _trainer_state(batches: RankBatches, step: int, cfg: WorkflowConfig) -> dict[str, int]:
-    # RNG: every step reseeds from (seed, step, rank) (see step_seed), so the seed and
-    # the step are the whole RNG state, valid for any number of ranks.
-    return {"step": step, **batches.state_dict(), "seed": cfg.train.seed, "data_seed": cfg.data.seed}
+def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
+    """One optimizer step over ``grad_accum`` micro-batches; return its metrics and "stop (a signal)"."""
+    prepared, accelerator, device = s.trainee.prepared, s.ranks.accelerator, s.ranks.device
+    grad_accum, world = s.ranks.grad_accum, s.ranks.world
+    s.rng.reseed()
+    t0 = time.perf_counter()
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(grad_accum):
+        batch = s.batches.next().to(device, non_blocking=True)
+        with parallel.no_sync(prepared, accelerator, enabled=micro < grad_accum - 1):
+            loss = prepared.model(input_ids=batch, labels=batch)
+            accelerator.backward(loss)
+        loss_sum += loss.detach().float()
+    grad_norm = parallel.clip_grad_norm(prepared, accelerator, s.cfg.optimizer.max_grad_norm)
+    lr = s.trainee.scheduler.get_last_lr()[0]
+    prepared.optimizer.step()
+    s.trainee.scheduler.step()
+    prepared.optimizer.zero_grad(set_to_none=True)
+    s.rng.step += 1
 
-
-def _state(prepared: parallel.Prepared, scheduler: Any, batches: RankBatches, step: int, cfg: WorkflowConfig) -> dict[str, Any]:
-    """The checkpoint's state dict: model and optimizer by FQN (sharded), scheduler, trainer."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(prepared.model, prepared.torch_optimizer)
-    return {"model": msd, "optimizer": osd, "scheduler": scheduler.state_dict(),
-            "trainer": _trainer_state(batches, step, cfg)}
-
-
-def _save(ckpt: Checkpointer, prepared: parallel.Prepared, scheduler: Any, batches: RankBatches, step: int,
-          cfg: WorkflowConfig, blocking: bool = False) -> None:
-    if prepared.strategy == "deepspeed":
-        client = {"scheduler": scheduler.state_dict(), "trainer": _trainer_state(batches, step, cfg)}
-        ckpt.save_deepspeed(step, prepared.model, client)
-    else:
-        ckpt.save(step, _state(prepared, scheduler, batches, step, cfg), blocking=blocking)
-
-
-def _resume(ckpt: Checkpointer, path: Path, prepared: parallel.Prepared, scheduler: Any, batches: RankBatches,
-            cfg: WorkflowConfig) -> int:
-    """Load the checkpoint at ``path`` into everything; return its step."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    if prepared.strategy == "deepspeed":
-        state = ckpt.load_deepspeed(path, prepared.model)
-    else:
-        state = _state(prepared, scheduler, batches, 0, cfg)
-        ckpt.load(path, state)
-        set_state_dict(prepared.model, prepared.torch_optimizer,
-                       model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    batches.load_state_dict(state["trainer"])
-    return int(state["trainer"]["step"])
+    # One collective per step: the mean loss and "did any rank get a signal".
+    stats = torch.stack([loss_sum / grad_accum, torch.tensor(float(s.flag.requested), device=device)])
+    if dist.is_initialized():
+        dist.all_reduce(stats)
+    dt = time.perf_counter() - t0
+    tokens = world * grad_accum * s.cfg.train.micro_batch_size * s.cfg.train.seq_len
+    record: dict[str, Any] = {
+        "step": s.rng.step,
+        "loss": stats[0].item() / world,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_s": tokens / dt,
+        "mfu": tokens / dt * s.flops_per_token / (world * s.peak_tflops * 1e12),
+        "peak_tflops": s.peak_tflops,
+        "step_time_s": dt,
+        "samples_consumed": s.batches.position,
+    }
+    if device.type == "cuda":
+        record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return record, stats[1].item() > 0
 
 
 @torch.no_grad()
-def _evaluate(model: torch.nn.Module, source: Any, cfg: WorkflowConfig, rank: int, world: int, device: torch.device) -> float:
+def evaluate(s: Session) -> float:
     """Mean loss over ``train.eval_batches`` held-out micro-batches per rank (same batches every time)."""
+    assert s.held_out is not None
+    model, cfg, world = s.trainee.prepared.model, s.cfg, s.ranks.world
+    num_batches = max(1, cfg.train.eval_batches)
     model.eval()
-    batches = RankBatches(source, cfg.train.micro_batch_size, rank, world)
-    total = torch.zeros((), device=device)
-    for _ in range(max(1, cfg.train.eval_batches)):
-        batch = batches.next().to(device)
+    batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.rank, world)
+    total = torch.zeros((), device=s.ranks.device)
+    for _ in range(num_batches):
+        batch = batches.next().to(s.ranks.device)
         total += model(input_ids=batch, labels=batch).float()
     if dist.is_initialized():
         dist.all_reduce(total)
     model.train()
-    return total.item() / (world * max(1, cfg.train.eval_batches))
+    return total.item() / (world * num_batches)
+
+
+def record_exit(run: RunDir, outcome: Outcome) -> None:
+    """Rank 0: write ``train_exit.json`` (and ``.requeue`` when preempted) for the job scripts."""
+    checkpoint = str(run.step_dir(outcome.last_saved)) if outcome.last_saved is not None else None
+    atomic_write_json(run.train_exit, {"exit_code": outcome.exit_code, "reason": outcome.reason,
+                                       "step": outcome.step, "checkpoint": checkpoint})
+    if outcome.exit_code == EXIT_REQUEUE:
+        # The job script requeues only when this marker exists.
+        atomic_write_text(run.requeue_marker, f"step {outcome.step}\n")
+    print(f"training {outcome.reason} at step {outcome.step}; exit code {outcome.exit_code}",
+          file=sys.stderr, flush=True)

@@ -46,17 +46,17 @@ class MetricsLogger:
     """Writes metrics on rank 0; a no-op elsewhere.
 
     Args:
-        run_dir: the run directory.
+        path: ``RunDir.metrics`` (appended to: a resumed run continues the file).
         enabled: True on rank 0.
         total_steps: ``train.max_steps`` (for the progress bar).
         initial_step: the step training resumes from.
         log_every_steps: how often to print a line under the bar.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, total_steps: int, initial_step: int, log_every_steps: int):
+    def __init__(self, path: Path, enabled: bool, total_steps: int, initial_step: int, log_every_steps: int):
         self.enabled = enabled
         self.log_every = max(1, log_every_steps)
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(path)
         self._bar: Any = None
         self._fh: Any = None
         if enabled:

@@ -10,7 +10,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from fsdp_workflow.train.checkpoint import Checkpointer, SafeFileSystemReader
+from fsdp_workflow.core import rundir
+from fsdp_workflow.core.safe_pickle import UnsafePickleError
+from fsdp_workflow.train.checkpoint import CheckpointDir, CheckpointError
+from fsdp_workflow.train.checkpointers import DcpCheckpointer
+from fsdp_workflow.train.safe_load import SafeFileSystemReader, check_deepspeed_pickles
 
 
 class _Payload:
@@ -21,25 +25,53 @@ class _Payload:
         return (os.system, (f"touch '{self.marker}'",))
 
 
+class _Part:
+    """A minimal ``Stateful`` part: what DCP hands back is what it loads."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.state = state_dict
+
+
+def _checkpointer(tmp_path: Path) -> DcpCheckpointer:
+    return DcpCheckpointer(CheckpointDir(rundir.RunDir.of(tmp_path / "run"), keep_last=0, rank=0))
+
+
 def test_real_metadata_loads_and_resumes_values(tmp_path: Path) -> None:
     state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "trainer": {"step": 7}}
     dcp.save(state, checkpoint_id=str(tmp_path / "ck"))
     meta = SafeFileSystemReader(str(tmp_path / "ck")).read_metadata()
     assert "model.w" in meta.state_dict_metadata
-    into = {"model": {"w": torch.zeros(2, 3)}, "trainer": {"step": 0}}
-    Checkpointer.load(tmp_path / "ck", into)
-    assert torch.equal(into["model"]["w"], state["model"]["w"]) and into["trainer"]["step"] == 7
+    model, trainer = _Part({"w": torch.zeros(2, 3)}), _Part({"step": 0})
+    _checkpointer(tmp_path).load(tmp_path / "ck", {"model": model, "trainer": trainer})
+    assert torch.equal(model.state["w"], state["model"]["w"]) and trainer.state["step"] == 7
 
 
 def test_crafted_metadata_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
     dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "ck"))
     marker = tmp_path / "pwned"
-    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+    (tmp_path / "ck" / rundir.DCP_METADATA).write_bytes(pickle.dumps(_Payload(marker)))
 
-    with pytest.raises(CheckpointException, match=r"posix\.system is not allowed in a DCP \.metadata"):
-        Checkpointer.load(tmp_path / "ck", {"model": {"w": torch.zeros(2)}})
+    # The reader itself: core.safe_pickle's allow-list refuses the global before importing it.
+    with pytest.raises(UnsafePickleError, match=r"refusing to unpickle global 'posix\.system'"):
+        SafeFileSystemReader(str(tmp_path / "ck")).read_metadata()
+    # A resume: a clean CheckpointError (exit code 2 with the message), not DCP's traceback.
+    with pytest.raises(CheckpointError, match=r"refusing to resume from .*'posix\.system'"):
+        _checkpointer(tmp_path).load(tmp_path / "ck", {"model": _Part({"w": torch.zeros(2)})})
     assert not marker.exists()
+
+
+def test_truncated_metadata_is_a_clean_error(tmp_path: Path) -> None:
+    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "ck"))
+    meta = tmp_path / "ck" / rundir.DCP_METADATA
+    meta.write_bytes(meta.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        _checkpointer(tmp_path).load(tmp_path / "ck", {"model": _Part({"w": torch.zeros(2)})})
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "consolidate" / "fixtures"
@@ -48,8 +80,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "consolidate" / "fixtures"
 def test_deepspeed_checkpoint_is_checked_before_deepspeed_unpickles_it(tmp_path: Path) -> None:
     """DeepSpeed's own loader uses weights_only=False: resume refuses a crafted file first."""
     import shutil
-
-    from fsdp_workflow.train.checkpoint import CheckpointError, check_deepspeed_pickles
 
     step = FIXTURES / "deepspeed_zero3" / "tiny_qwen2" / "checkpoints" / "step-4"
     check_deepspeed_pickles(step)  # the trainer's own DeepSpeed checkpoint passes

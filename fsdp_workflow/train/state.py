@@ -1,0 +1,153 @@
+"""The trainer's state as a set of ``Stateful`` parts, as torchtitan's checkpointer keeps it.
+
+A checkpoint is the mapping :func:`trainer_parts` returns, one part per key::
+
+    "model"      ModelState       get_model_state_dict: FQNs, FSDP2 DTensor shards (reshardable)
+    "optimizer"  OptimizerState   get_optimizer_state_dict: the same FQNs, sharded like the model
+    "scheduler"  the LambdaLR     only numbers (its multiplier is a plain function)
+    "trainer"    FlatParts(StepRng, RankBatches)
+                                  {"step", "seed", "samples_consumed", "data_seed"}: plain ints
+
+DCP calls ``state_dict()`` on each part when it saves and ``load_state_dict()``
+after it loaded in place, so the parts stay ignorant of files; DeepSpeed's
+engine writes ``model`` and ``optimizer`` in its own format and the other parts
+ride in its ``client_state`` (:mod:`.checkpointers`). These keys and contents
+are the checkpoint format the consolidator and earlier runs depend on: a new
+piece of state is a new part, never a change to an existing one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+from fsdp_workflow.train.data import RankBatches
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The RNG seed of ``step`` on ``rank``: reseeding each step makes resume exact without saving RNG state."""
+    return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
+
+
+class ModelState(Stateful):
+    """The model's weights by fully qualified name (``model.layers.0...``), sharded as trained.
+
+    Args:
+        model: the wrapped model (FSDP2, FSDP1 or DDP); wrappers do not show in the names.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> Dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState(Stateful):
+    """The optimizer's state and param groups keyed by parameter FQN (not by position).
+
+    Args:
+        model: the wrapped model the optimizer steps.
+        optimizer: the underlying ``torch.optim.Optimizer``.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> Dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        # Initialises empty state on a fresh optimizer, so DCP has tensors to load into.
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+class StepRng(Stateful):
+    """The optimizer step count and the seed: together, the whole RNG state.
+
+    Every step reseeds from ``(seed, step, rank)`` (:func:`step_seed`), so nothing
+    of torch's generators needs saving and a resume on any number of ranks
+    continues exactly. The seed is saved as a record; a resume keeps the
+    configured one (``train.seed``) and restores only the step.
+
+    Args:
+        seed: ``train.seed``.
+        rank: this process's rank.
+    """
+
+    def __init__(self, seed: int, rank: int) -> None:
+        self.seed = seed
+        self.rank = rank
+        self.step = 0
+
+    def reseed(self) -> None:
+        """Seed torch for the step about to run."""
+        torch.manual_seed(step_seed(self.seed, self.step, self.rank))
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"step": self.step, "seed": self.seed}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+
+
+class FlatParts(Stateful):
+    """Several parts saved side by side in one flat dict (their keys must not collide).
+
+    The ``trainer`` key of the checkpoint has always been one flat dict of ints;
+    this keeps that format while the step/RNG and the data position stay separate parts.
+
+    Args:
+        parts: the parts, e.g. ``StepRng`` and ``RankBatches``.
+    """
+
+    def __init__(self, *parts: Stateful) -> None:
+        self.parts = parts
+
+    def state_dict(self) -> Dict[str, Any]:
+        merged: Dict[str, Any] = {}
+        for part in self.parts:
+            sd = part.state_dict()
+            assert not merged.keys() & sd.keys(), f"colliding keys {sorted(merged.keys() & sd.keys())}"
+            merged.update(sd)
+        return merged
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        for part in self.parts:
+            part.load_state_dict({k: state_dict[k] for k in part.state_dict()})
+
+
+def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Stateful,
+                  rng: StepRng, batches: RankBatches) -> Mapping[str, Stateful]:
+    """Everything a checkpoint holds, by its key in the checkpoint (see the module docstring).
+
+    Args:
+        model: the wrapped model.
+        optimizer: the underlying ``torch.optim.Optimizer`` (``Prepared.torch_optimizer``).
+        scheduler: the learning-rate schedule (a ``LambdaLR`` is ``Stateful`` as it is).
+        rng: the step and seed.
+        batches: this rank's data position.
+
+    Returns:
+        ``{"model", "optimizer", "scheduler", "trainer"}`` mapped to their parts.
+    """
+    return {
+        "model": ModelState(model),
+        "optimizer": OptimizerState(model, optimizer),
+        "scheduler": scheduler,
+        "trainer": FlatParts(rng, batches),
+    }
