@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Literal
 
+from fsdp_workflow.core.rundir import atomic_write_text
+
 from .arch_rules import ArchResult, expected_from_rules
 from .hf_assets import needs_arch_from_model_type
 from .report import FromPretrainedReport, KeyReport
@@ -96,10 +98,8 @@ def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
     res.notes.append(f"config rules unsure ({unsure}); instantiated with transformers on the meta device")
     if path is not None and res.error is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"architecture": res.architecture, "expected": res.expected,
-                                   "optional": sorted(res.optional), "notes": res.notes}))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps({"architecture": res.architecture, "expected": res.expected,
+                                            "optional": sorted(res.optional), "notes": res.notes}))
     return res
 
 
