@@ -27,10 +27,11 @@ from typing import Dict, List, Sequence
 import pytest
 import yaml
 
-from fsdp_workflow.plan.spec import (
+from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     CONSOLIDATE_SBATCH,
     LAUNCH_ENV_FILE,
+    PROVENANCE_FILE,
     SUBMIT_SCRIPT,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
@@ -41,7 +42,7 @@ PACKAGE = "fsdp_workflow"
 # Everything a build reads from the checkout (pyproject's `readme` included).
 BUILD_INPUTS = ("pyproject.toml", "README.md", PACKAGE)
 RUN_FILES = (CONFIG_FILE, LAUNCH_ENV_FILE, TRAIN_SBATCH, TRAIN_NODE_SCRIPT, CONSOLIDATE_SBATCH, SUBMIT_SCRIPT,
-             "provenance.json")
+             PROVENANCE_FILE)
 PIP_OFFLINE = ["--no-deps", "--no-build-isolation", "--no-index", "--disable-pip-version-check", "-q"]
 
 # A user's experiment kept outside the package (README: hydra.searchpath): the packaged
