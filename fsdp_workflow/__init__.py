@@ -1,12 +1,18 @@
 """fsdp_workflow: a YAML experiment in, a verified Hugging Face model out.
 
-Pipeline stages, each a subpackage:
+Pipeline stages, each a subpackage, each importing only the ones above it in this list
+(``tests/test_imports.py``):
 
+* ``core``        - the run-directory contract, exit codes, sizes, allow-list unpickling
 * ``config``      - typed schema, cross-field validation, the Accelerate environment
+* ``container``   - Apptainer / pyxis wrapping of each step, as data
 * ``plan``        - the launch built as data and rendered (sbatch, submit.sh, launcher)
 * ``launch``      - run the plan locally or submit it to Slurm
 * ``train``       - the per-rank trainer (Accelerate + FSDP/DeepSpeed, DCP checkpoints)
 * ``consolidate`` - stream sharded checkpoints into safetensors and verify them
+* ``evaluate``    - one checkpoint: consolidate it, measure held-out perplexity
+
+``train`` and ``consolidate`` rest on ``config`` and ``core`` only.
 """
 
 __version__ = "0.1.0"
