@@ -4,8 +4,8 @@ The imports are read from the source (``ast``), function-level ones included:
 a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
 
     core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__
-                 ^----  train, consolidate (config and core only)
-                 ^----  evaluate (consolidate + train's data) ; status (core and config)
+                 ^----  data  <-  train ;  consolidate (config and core only)
+                 ^----  evaluate (consolidate, train, data) ; status (core and config)
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ ALLOWED: Dict[str, Set[str]] = {
     "container": {"core", "config"},
     "plan": {"core", "config", "container"},
     "launch": {"core", "config", "plan"},
-    "train": {"core", "config"},
+    "data": {"core", "config"},
+    "train": {"core", "config", "data"},
     "consolidate": {"core", "config"},
-    "evaluate": {"core", "config", "consolidate", "train"},
+    "evaluate": {"core", "config", "consolidate", "train", "data"},
     "status": {"core", "config"},
     "__main__": {"core", "config", "container", "plan", "launch"},
     "__init__": set(),

@@ -102,6 +102,33 @@ class DataSource(str, Enum):
     hf_disk = "hf_disk"  # a dataset saved with datasets.save_to_disk
 
 
+class DataFormat(str, Enum):
+    text = "text"  # plain text (data.text_field): every token is trained
+    conversation = "conversation"  # messages: [{role, content}] (or ShareGPT conversations: [{from, value}]), chat template
+    prompt_completion = "prompt_completion"  # prompt + completion fields: the completion is trained
+    alpaca = "alpaca"  # instruction / input / output: the output is trained
+
+
+class TrainOn(str, Enum):
+    assistant = "assistant"  # every assistant turn (the completion, the output); never system or user turns
+    last_assistant = "last_assistant"  # only the final assistant turn of each conversation
+    all = "all"  # every token but padding
+
+
+class OnBadRecord(str, Enum):
+    fail = "fail"  # stop, naming the first bad records with file and line
+    skip = "skip"  # leave them out and count them
+
+
+class Overlong(str, Enum):
+    truncate = "truncate"  # keep the first train.seq_len tokens
+    drop = "drop"  # leave the sample out
+
+
+# Canonical names of the record fields; data.fields maps them to a dataset's own names.
+DATA_FIELDS = ("messages", "role", "content", "prompt", "completion", "instruction", "input", "output", "system")
+
+
 class OptimizerName(str, Enum):
     adamw = "adamw"  # torch.optim.AdamW, fused where the device supports it
     adamw_torch_8bit = "adamw_torch_8bit"  # torchao's 8-bit AdamW; works with FSDP2 DTensors
@@ -193,10 +220,18 @@ class DataConfig:
 
     source: DataSource = DataSource.synthetic
     path: Optional[str] = None  # file, directory or glob; unused for synthetic
-    text_field: str = "text"  # JSONL/Parquet/HF column holding the text
+    format: DataFormat = DataFormat.text  # what a record holds, hence what is trained (see TrainOn)
+    text_field: str = "text"  # JSONL/Parquet/HF column holding the text (format=text)
+    fields: Dict[str, str] = field(default_factory=dict)  # canonical name (DATA_FIELDS) -> the dataset's field name
+    chat_template: Optional[str] = None  # None: the tokenizer's own; a shipped name (chatml) or a Jinja template
+    train_on: TrainOn = TrainOn.assistant  # which tokens carry loss (format=text trains all)
+    on_bad_record: OnBadRecord = OnBadRecord.fail  # a record lacking fields, with an unknown role or an empty answer
+    overlong: Overlong = Overlong.truncate  # a sample longer than train.seq_len
+    cache_dir: Optional[str] = None  # None: RUN_DIR/data_cache; a shared directory reuses caches across runs
+    num_workers: Optional[int] = bounded(None, ge=1)  # prepare processes; None: the CPUs this process may use
     eval_path: Optional[str] = None  # held-out data for perplexity; None: hold out eval_fraction
     eval_fraction: float = bounded(0.05, ge=0, lt=1)  # share of documents held out when eval_path is None
-    add_eos: bool = True  # append EOS between packed documents
+    add_eos: bool = True  # append EOS after each document (format=text)
     seed: int = bounded(1234, ge=0)  # shuffling seed (independent of train.seed)
 
 

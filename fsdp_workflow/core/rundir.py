@@ -8,7 +8,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
 
     RUN_DIR/
       config.yaml  launch.env  provenance.json  jobs.txt      what was planned and submitted
-      train.sbatch  train_node.sh  consolidate.sbatch  eval.sbatch  submit.sh
+      prepare.sbatch  train.sbatch  train_node.sh  consolidate.sbatch  eval.sbatch  submit.sh
       post_checkpoint.sh                                      run by rank 0 after each checkpoint (if planned)
       logs/                                                   job logs (or cluster.log_dir)
       checkpoints/step-N/                                     complete checkpoints
@@ -16,6 +16,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       hf_assets/                                              config.json, tokenizer (written once by the trainer)
       hf_model/                                               the consolidated model (or consolidate.output_dir)
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
+      data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
 
 A checkpoint is complete when DCP's ``.metadata`` (written last, by the
@@ -45,7 +46,10 @@ TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torch
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
 REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal; the job scripts requeue on it
 CACHE_DIR = ".cache"
+DATA_CACHE_DIR = "data_cache"  # tokenised, packed data (unless data.cache_dir names a shared one)
+DATA_POINTER_FILE = "data.json"  # which cache this run trains on, written by the prepare step
 
+PREPARE_SBATCH = "prepare.sbatch"
 TRAIN_SBATCH = "train.sbatch"
 TRAIN_NODE_SCRIPT = "train_node.sh"
 CONSOLIDATE_SBATCH = "consolidate.sbatch"
@@ -227,6 +231,16 @@ class RunDir:
     @property
     def cache(self) -> Path:
         return self.root / CACHE_DIR
+
+    @property
+    def data_cache(self) -> Path:
+        """The default root of the token caches (``data.cache_dir`` may name a shared one instead)."""
+        return self.root / DATA_CACHE_DIR
+
+    @property
+    def data_pointer(self) -> Path:
+        """``data.json``: the cache directory this run trains on, written by the prepare step."""
+        return self.root / DATA_POINTER_FILE
 
     @property
     def checkpoints(self) -> Path:

@@ -21,7 +21,7 @@ def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Dict[str, float
     from transformers import AutoModelForCausalLM
 
     from fsdp_workflow.train.data import build_sources
-    from fsdp_workflow.train.tokenizer import load_tokenizer
+    from fsdp_workflow.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     _, held = build_sources(cfg.data, tokenizer, cfg.train.seq_len, cfg.model.vocab_size)

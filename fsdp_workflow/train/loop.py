@@ -50,7 +50,7 @@ from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_pe
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.signals import PreemptionFlag
 from fsdp_workflow.train.state import StepRng, trainer_parts
-from fsdp_workflow.train.tokenizer import load_tokenizer
+from fsdp_workflow.data.tokenizer import load_tokenizer
 
 # Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
 # loss runs chunked over positions (install_chunked_loss_forward); others use HF's.
