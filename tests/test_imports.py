@@ -27,14 +27,14 @@ ALLOWED: Dict[str, Set[str]] = {
     "core": set(),
     "config": {"core"},
     "container": {"core", "config"},
-    "plan": {"core", "config", "container"},
+    "plan": {"core", "config", "container", "data"},  # data: its plan-time rules (data.checks)
     "launch": {"core", "config", "plan"},
     "data": {"core", "config"},
     "train": {"core", "config", "data"},
     "consolidate": {"core", "config"},
     "evaluate": {"core", "config", "consolidate", "train", "data"},
     "status": {"core", "config"},
-    "__main__": {"core", "config", "container", "plan", "launch"},
+    "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "__init__": set(),
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"

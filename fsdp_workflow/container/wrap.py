@@ -33,7 +33,7 @@ from fsdp_workflow.config.schema import ContainerRuntime, Device, WorkflowConfig
 from fsdp_workflow.container.binds import bind_list
 
 # Steps that run inside the image, and whether each uses GPUs when cluster.device=cuda.
-STEP_USES_GPU: Dict[str, bool] = {"train": True, "consolidate": False, "evaluate": False}
+STEP_USES_GPU: Dict[str, bool] = {"prepare": False, "train": True, "consolidate": False, "evaluate": False}
 
 # Host variables that cross into the image: Slurm, rendezvous, launchers, Accelerate, NCCL, torch, CUDA.
 PASS_ENV_PREFIXES = (

@@ -1,4 +1,4 @@
-"""Run a plan on this machine: the node script under torchrun, then consolidation.
+"""Run a plan on this machine: data preparation, the node script under torchrun, then consolidation.
 
 The same ``train_node.sh`` that Slurm runs on each node runs here, with the
 rendezvous on 127.0.0.1 and a free port, so a local smoke run exercises the
@@ -67,6 +67,11 @@ def _as_if_activated(env: dict) -> dict:
     return env
 
 
+def _this_python(argv: List[str]) -> List[str]:
+    """A ``python -m ...`` step run by this interpreter: the same environment as the trainer's."""
+    return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
+
+
 def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     """Train, then consolidate. Returns the exit code for the CLI."""
     layout = plan.layout
@@ -77,6 +82,12 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.
     layout.requeue_marker.unlink(missing_ok=True)
+    if plan.prepare_argv:
+        print("[fsdp_workflow] preparing the data (tokenise, mask, pack once)", file=sys.stderr)
+        rc = _run(_this_python(plan.prepare_argv), env)
+        if rc != 0:
+            print(f"[fsdp_workflow] data preparation failed (exit code {rc}); nothing was trained.", file=sys.stderr)
+            return rc
     print(f"[fsdp_workflow] training: {layout.logs}, metrics in {layout.metrics}", file=sys.stderr)
     rc = _run(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env)
     if rc != 0:
@@ -92,9 +103,7 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     if not consolidate or not plan.consolidate_argv:
         print(f"[fsdp_workflow] done; checkpoints in {layout.checkpoints}", file=sys.stderr)
         return 0
-    argv = list(plan.consolidate_argv)
-    if argv[:1] == ["python"]:
-        argv[0] = sys.executable  # this interpreter: the same environment as the trainer's
+    argv = _this_python(plan.consolidate_argv)
     print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
     rc = _run(argv, env)
     if rc != 0:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
-from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, sbatch_argv
+from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
 from fsdp_workflow.plan.render import shell_join
 
 SBATCH_TIMEOUT_S = 120  # a busy controller can take a while; never hang the login shell forever
@@ -65,15 +65,15 @@ def _sbatch(argv: List[str], what: str) -> str:
 
 
 def _cancel(jobs: List[Submitted]) -> str:
-    """Cancel jobs already submitted; say what happened."""
+    """Cancel jobs already submitted; say what happened to each."""
     if not jobs:
         return ""
     ids = [s.job_id for s in jobs]
     proc = subprocess.run(["scancel", *ids], capture_output=True, text=True)
-    names = " and ".join(f"The {NOUN[s.job.role]} job {s.job_id}" for s in jobs)
     if proc.returncode == 0:
-        return f"\n{names} was submitted; cancelled it."
-    return f"\n{names} was submitted; could not cancel it ({proc.stderr.strip()}): run scancel {' '.join(ids)}."
+        return "".join(f"\nThe {NOUN[s.job.role]} job {s.job_id} was submitted; cancelled it." for s in jobs)
+    return "".join(f"\nThe {NOUN[s.job.role]} job {s.job_id} was submitted; could not cancel it "
+                   f"({proc.stderr.strip()}): run scancel {s.job_id}." for s in jobs)
 
 
 def submit_chain(plan: LaunchPlan) -> List[Submitted]:
@@ -96,6 +96,10 @@ def submit_chain(plan: LaunchPlan) -> List[Submitted]:
     return done
 
 
+def _id_of(submitted: List[Submitted], role: Optional[str]) -> str:
+    return next(s.job_id for s in submitted if s.job.role == role)
+
+
 def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     """Submit the chain, record it in RUN_DIR/jobs.txt, print how to follow it; never waits.
 
@@ -109,15 +113,16 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
         return 1
     with open(plan.layout.jobs, "a") as f:
         f.write("".join(f"{s.job.role} {s.job_id}\n" for s in submitted))
-    train = submitted[0]
+    train = next(s for s in submitted if s.job is plan.train)
     for s in submitted:
-        label = f"{NOUN[s.job.role]} job:"
         if s is train:
-            print(f"{label:<19}{s.job_id}  ({cfg.cluster.nodes} node(s) x 1 task, "
-                  f"{cfg.cluster.processes_per_node} process(es) per node)")
+            detail = (f"{cfg.cluster.nodes} node(s) x 1 task, {cfg.cluster.processes_per_node} process(es) per node"
+                      + (f", afterok:{_id_of(submitted, s.job.after)}" if s.job.after else ""))
+        elif s.job.after:
+            detail = f"afterok:{_id_of(submitted, s.job.after)}, kill-on-invalid-dep"
         else:
-            after = next(d.job_id for d in submitted if d.job.role == s.job.after)
-            print(f"{label:<19}{s.job_id}  (afterok:{after}, kill-on-invalid-dep)")
+            detail = "CPU"
+        print(f"{job_label(s.job.role)}{s.job_id}  ({detail})")
         print(f"  log:             {plan.layout.log_file(s.job.role, s.job_id)}")
     print("follow:            " + shell_join(["python", "-m", "fsdp_workflow.status", str(plan.run_dir)]))
     print("                   " + shell_join(["tail", "-f", str(plan.layout.log_file(train.job.role, train.job_id))]))

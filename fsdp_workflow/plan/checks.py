@@ -1,4 +1,4 @@
-"""Every check a config gets before anything is written: the config stage's rules, then the container's.
+"""Every check a config gets before anything is written: the config stage's rules, the container's, the data's.
 
 Config sits below container in the stages (config <- container <- plan), so
 :func:`fsdp_workflow.config.validate.validate` cannot call the container
@@ -15,8 +15,9 @@ from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.config.validate import validate
 from fsdp_workflow.container.checks import check_container_steps
+from fsdp_workflow.data import checks as data_checks
 
 
 def check(cfg: WorkflowConfig) -> ValidationReport:
-    """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``."""
-    return validate(cfg, extra_rules=[check_container_steps])
+    """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``, then the data format."""
+    return validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES])

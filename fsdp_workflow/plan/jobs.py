@@ -16,7 +16,12 @@ from fsdp_workflow.core.rundir import RunDir
 
 
 # What each role is called in messages ("training job: 123").
-NOUN = {"train": "training", "consolidate": "consolidation", "eval": "evaluation"}
+NOUN = {"prepare": "data preparation", "train": "training", "consolidate": "consolidation", "eval": "evaluation"}
+
+
+def job_label(role: str) -> str:
+    """``"training job:      "``: a role's name padded for the lines that list a chain's jobs."""
+    return f"{NOUN[role]} job: ".ljust(19)
 
 
 class Expand(str):
@@ -79,14 +84,16 @@ class LaunchPlan:
     Attributes:
         layout: the run directory's paths (``cluster.log_dir``, ``consolidate.output_dir`` applied).
         node_script_argv: the per-node launcher (torchrun or accelerate launch), wrapped for the container.
+        prepare_argv: ``python -m fsdp_workflow.data.prepare RUN_DIR``, wrapped; empty for synthetic data.
         consolidate_argv: ``python -m fsdp_workflow.consolidate ...``, wrapped; empty when disabled.
-        chain: the jobs ``submit.sh`` submits, in order (train, then consolidate afterok).
+        chain: the jobs ``submit.sh`` submits, in order (prepare, train afterok, consolidate afterok).
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
     """
 
     layout: RunDir
     node_script_argv: List[str]
+    prepare_argv: List[str]
     consolidate_argv: List[str]
     chain: List[SbatchJob]
     max_requeues: int
@@ -103,10 +110,16 @@ class LaunchPlan:
     def run_dir(self) -> Path:
         return self.layout.root
 
+    def job(self, role: str) -> Optional[SbatchJob]:
+        """The chain's job of ``role``, if the plan has one."""
+        return next((j for j in self.chain if j.role == role), None)
+
     @property
     def train(self) -> SbatchJob:
-        return self.chain[0]
+        job = self.job("train")
+        assert job is not None, "every plan trains"
+        return job
 
     @property
     def consolidate(self) -> Optional[SbatchJob]:
-        return next((j for j in self.chain if j.role == "consolidate"), None)
+        return self.job("consolidate")

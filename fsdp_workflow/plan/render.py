@@ -26,7 +26,7 @@ from fsdp_workflow.core.rundir import (
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
 )
-from fsdp_workflow.plan.jobs import NOUN, Expand, LaunchPlan, SbatchJob, sbatch_argv
+from fsdp_workflow.plan.jobs import NOUN, Expand, LaunchPlan, SbatchJob, job_label, sbatch_argv
 
 HEADER = "# Written by fsdp_workflow; the run directory's config.yaml says what it runs."
 LAUNCH_ENV_HEADER = (
@@ -246,9 +246,16 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
     return "\n".join(lines)
 
 
-def render_consolidate_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
-    return _single_step_sbatch(
-        plan, job, "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).", [])
+# What each one-step job of the chain says about itself.
+CHAIN_COMMENTS = {
+    "prepare": "# Tokenises, masks and packs the data once, on CPU; training starts afterok.",
+    "consolidate": "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).",
+}
+
+
+def render_cpu_job_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
+    """A CPU job of the chain (data preparation, consolidation)."""
+    return _single_step_sbatch(plan, job, CHAIN_COMMENTS[job.role], [])
 
 
 def render_eval_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
@@ -295,7 +302,7 @@ def render_submit(plan: LaunchPlan) -> str:
     lines += [f'echo "{job.role} ${job.role}_id" >> {jobs}' for job in plan.chain]
     for job in plan.chain:
         after = f" (afterok:${job.after}_id)" if job.after else ""
-        lines.append(f'echo "{NOUN[job.role] + " job:":<19}${job.role}_id{after}"')
+        lines.append(f'echo "{job_label(job.role)}${job.role}_id{after}"')
     lines += [
         f'echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j ${plan.train.role}_id"',
         "",
@@ -348,8 +355,9 @@ def render_all(plan: LaunchPlan) -> Dict[str, str]:
         TRAIN_SBATCH: render_train_sbatch(plan),
         SUBMIT_SCRIPT: render_submit(plan),
     }
-    for job in plan.chain[1:]:
-        out[job.script] = render_consolidate_sbatch(plan, job)
+    for job in plan.chain:
+        if job is not plan.train:
+            out[job.script] = render_cpu_job_sbatch(plan, job)
     if plan.eval_job is not None:
         out[EVAL_SBATCH] = render_eval_sbatch(plan, plan.eval_job)
         out[POST_CHECKPOINT_HOOK] = render_post_checkpoint(plan, plan.eval_job)

@@ -17,6 +17,7 @@ from typing import List, Optional, Tuple
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
     ClusterKind,
+    DataSource,
     Device,
     Launcher,
     OutputDtype,
@@ -25,7 +26,14 @@ from fsdp_workflow.config.schema import (
     world_size,
 )
 from fsdp_workflow.container import container_command, srun_container_args
-from fsdp_workflow.core.rundir import CONSOLIDATE_SBATCH, EVAL_SBATCH, TRAIN_NODE_SCRIPT, TRAIN_SBATCH, RunDir
+from fsdp_workflow.core.rundir import (
+    CONSOLIDATE_SBATCH,
+    EVAL_SBATCH,
+    PREPARE_SBATCH,
+    TRAIN_NODE_SCRIPT,
+    TRAIN_SBATCH,
+    RunDir,
+)
 from fsdp_workflow.plan.jobs import Expand, LaunchPlan, SbatchJob
 from fsdp_workflow.plan.render import wrapped_argv
 
@@ -168,7 +176,7 @@ def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
 
 def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
              after: Optional[str] = None) -> SbatchJob:
-    """A one-task CPU job (consolidation, evaluation) with the consolidation resources."""
+    """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources."""
     pyxis = srun_container_args(cfg, step)
     return SbatchJob(
         role=role, script=script, options=_cpu_job_options(cfg, role),
@@ -190,7 +198,15 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     """
     c = cfg.cluster
     layout = run_layout(cfg)
-    chain = [_train_job(cfg, layout)]
+    chain: List[SbatchJob] = []
+    prep_argv: List[str] = []
+    if cfg.data.source != DataSource.synthetic:
+        # Tokenise once, on CPU, before the GPUs are allocated: the head of the chain.
+        prep_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.data.prepare", str(layout.root)], "prepare")
+        chain.append(_cpu_job(cfg, layout, "prepare", PREPARE_SBATCH, "prepare", prep_argv))
+    train = _train_job(cfg, layout)
+    train.after = chain[-1].role if chain else None
+    chain.append(train)
     cons_argv: List[str] = []
     if cfg.consolidate.enabled:
         cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
@@ -203,6 +219,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     return LaunchPlan(
         layout=layout,
         node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), "train"),
+        prepare_argv=prep_argv,
         consolidate_argv=cons_argv,
         chain=chain,
         max_requeues=c.max_requeues,

@@ -70,7 +70,17 @@ def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
 def test_no_consolidation_job_when_disabled() -> None:
     scripts = render_all(build_plan(_cfg("smoke", "/runs/x", "consolidate.enabled=false")))
     assert "consolidate.sbatch" not in scripts
-    assert "dependency" not in scripts["submit.sh"]
+    assert "afterok:${train_id}" not in scripts["submit.sh"]
+
+
+def test_prepare_heads_the_chain_and_synthetic_data_needs_none() -> None:
+    scripts = render_all(build_plan(_cfg("smoke", "/runs/x")))
+    assert "exec python -m fsdp_workflow.data.prepare /runs/x\n" in scripts["prepare.sbatch"]
+    submit = scripts["submit.sh"]
+    assert submit.index("prepare.sbatch") < submit.index("train.sbatch") < submit.index("consolidate.sbatch")
+    assert '"--dependency=afterok:${prepare_id}" --kill-on-invalid-dep=yes' in submit
+    synthetic = render_all(build_plan(_cfg("smoke", "/runs/x", "data=synthetic")))
+    assert "prepare.sbatch" not in synthetic and "prepare" not in synthetic["submit.sh"]
 
 
 def test_unsafe_sbatch_value_is_refused_with_the_key() -> None:

@@ -12,12 +12,13 @@ from typing import Dict, List
 import slurm_utils as su
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ["+experiment=smoke", "cluster=slurm", "cluster.partition=debug"]
+SMOKE = ["cluster=slurm", "cluster.partition=debug"]
 
 
-def run_cli(run_dir: Path, *overrides: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def run_cli(run_dir: Path, *overrides: str, experiment: str = "smoke", timeout_s: float = 120) -> subprocess.CompletedProcess:
     """``python -m fsdp_workflow +experiment=smoke cluster=slurm ...`` from the repo root."""
-    argv = [sys.executable, "-m", "fsdp_workflow", *SMOKE, f"run_dir={run_dir}", *overrides]
+    argv = [sys.executable, "-m", "fsdp_workflow", f"+experiment={experiment}", *SMOKE, f"run_dir={run_dir}",
+            *overrides]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
 
 

@@ -1,4 +1,4 @@
-"""The whole chain on the real local Slurm: train (the CLI or submit.sh), consolidate afterok.
+"""The whole chain on the real local Slurm: prepare, train afterok, consolidate afterok (the CLI or submit.sh).
 
 Each test runs the smoke experiment (tiny Llama, 1 node x torchrun with 2 CPU
 ranks, fits 2 CPUs and 8 GB) with the real trainer and consolidator.
@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _assert_chain_completed(run_dir, ids):
+    prep = su.wait_for_job(ids["prepare"], timeout_s=120)
+    assert prep["JobState"] == "COMPLETED", (prep, ph.logs(run_dir))
     train = su.wait_for_job(ids["train"], timeout_s=180)
+    assert train["StartTime"] >= prep["EndTime"]
     assert train["JobState"] == "COMPLETED", (train, ph.logs(run_dir))
     cons = su.wait_for_job(ids["consolidate"], timeout_s=120)
     assert cons["JobState"] == "COMPLETED", (cons, ph.logs(run_dir))
@@ -33,6 +36,7 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert proc.returncode == 0, proc.stderr + proc.stdout
     ids = ph.jobs(run_dir)
     # It printed both ids, the logs and how to follow them, and did not wait.
+    assert f"data preparation job: {ids['prepare']}" in proc.stdout
     assert f"training job:      {ids['train']}" in proc.stdout
     assert f"consolidation job: {ids['consolidate']}" in proc.stdout
     assert "python -m fsdp_workflow.status" in proc.stdout and "tail -f" in proc.stdout
@@ -44,40 +48,42 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
                             capture_output=True, text=True, check=True)
     st = json.loads(status.stdout)
-    assert [j["status"] for j in st["jobs"]] == ["done", "done"]
+    assert [(j["role"], j["status"]) for j in st["jobs"]] == [("prepare", "done"), ("train", "done"),
+                                                              ("consolidate", "done")]
     assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
 
 
 def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run sh"
     log_dir = tmp_path / "site logs"  # cluster.log_dir: created at planning, used by every job and by status
-    proc = ph.run_cli(run_dir, "dry_run=true", f"cluster.log_dir='{log_dir}'")
+    # the conversation smoke run: loss on assistant turns, chatml, documents packed apart
+    proc = ph.run_cli(run_dir, "dry_run=true", f"cluster.log_dir='{log_dir}'", experiment="smoke_chat")
     assert proc.returncode == 0, proc.stderr
     assert log_dir.is_dir()
     out = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     ids = ph.jobs(run_dir)
-    assert set(ids) == {"train", "consolidate"}
+    assert set(ids) == {"prepare", "train", "consolidate"}
     ph.assert_batch_scripts_recorded(run_dir, ids)
     _assert_chain_completed(run_dir, ids)
     assert (log_dir / f"train-{ids['train']}.out").exists() and not (run_dir / "logs").exists()
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
                             capture_output=True, text=True, check=True)
     logs = [j["log"] for j in json.loads(status.stdout)["jobs"]]
-    assert logs == [str(log_dir / f"{role}-{ids[role]}.out") for role in ("train", "consolidate")]
+    assert logs == [str(log_dir / f"{role}-{ids[role]}.out") for role in ("prepare", "train", "consolidate")]
 
 
 def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
-    data = tmp_path / "corpus.txt"
-    data.write_text((ph.ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt").read_text())
     run_dir = tmp_path / "run fail"
-    # Config-legal at planning time; the file is gone when the job starts.
-    proc = ph.run_cli(run_dir, f"data.path={data}", "+cluster.additional_parameters.begin=now+4")
+    # The training job starts 4 s late (begin=now+4); the prepared data is taken away before it does.
+    proc = ph.run_cli(run_dir, "+cluster.additional_parameters.begin=now+4")
     assert proc.returncode == 0, proc.stderr
-    data.unlink()
     ids = ph.jobs(run_dir)
+    assert su.wait_for_job(ids["prepare"], timeout_s=60)["JobState"] == "COMPLETED", ph.logs(run_dir)
+    (run_dir / "data.json").unlink()
     train = su.wait_for_job(ids["train"], timeout_s=120)
     assert train["JobState"] == "FAILED", (train, ph.logs(run_dir))
+    assert "fsdp_workflow.data.prepare" in ph.logs(run_dir, tail_chars=0)  # the error says what to run
     cons = su.wait_for_job(ids["consolidate"], timeout_s=60)
     assert cons["JobState"] == "CANCELLED", cons
     assert cons["Reason"] == "DependencyNeverSatisfied", cons
@@ -87,6 +93,24 @@ def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path
     st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
                         capture_output=True, text=True, check=True).stdout
     assert "failed" in st and "DependencyNeverSatisfied" in st
+
+
+def test_bad_data_fails_the_prepare_job_and_nothing_trains(slurm_cluster, tmp_path):
+    data = tmp_path / "chat.jsonl"
+    lines = (ph.ROOT / "fsdp_workflow" / "assets" / "smoke" / "chat.jsonl").read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["messages"][-1]["role"] = "narrator"  # an unknown role: found only when the data is read
+    data.write_text("\n".join(lines[:2] + [json.dumps(bad)] + lines[3:]) + "\n")
+    run_dir = tmp_path / "run bad data"
+    proc = ph.run_cli(run_dir, f"data.path={data}", experiment="smoke_chat")
+    assert proc.returncode == 0, proc.stderr
+    ids = ph.jobs(run_dir)
+    prep = su.wait_for_job(ids["prepare"], timeout_s=120)
+    assert prep["JobState"] == "FAILED", (prep, ph.logs(run_dir))
+    assert f"{data}:3" in ph.logs(run_dir, tail_chars=0)  # file and line of the bad record
+    for role in ("train", "consolidate"):
+        rec = su.wait_for_job(ids[role], timeout_s=60)
+        assert (rec["JobState"], rec["Reason"]) == ("CANCELLED", "DependencyNeverSatisfied"), rec
 
 
 def test_signalled_training_checkpoints_requeues_resumes_and_consolidation_follows(slurm_cluster, tmp_path):

@@ -19,7 +19,8 @@ def _train_ids_named(name: str) -> list:
 
 def test_cli_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "refused"
-    proc = ph.run_cli(run_dir, "cluster.consolidate_partition=nosuchpartition", "name=refused1")
+    # data=synthetic: no prepare job, so the chain is training then consolidation
+    proc = ph.run_cli(run_dir, "data=synthetic", "cluster.consolidate_partition=nosuchpartition", "name=refused1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "sbatch refused the consolidation job" in proc.stderr
     assert "invalid partition" in proc.stderr.lower()
@@ -30,15 +31,18 @@ def test_cli_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_p
 
 
 def test_cli_refused_training_names_the_problem(slurm_cluster, tmp_path):
-    proc = ph.run_cli(tmp_path / "r", "cluster.partition=nosuchpartition")
+    proc = ph.run_cli(tmp_path / "r", "cluster.partition=nosuchpartition", "cluster.consolidate_partition=debug")
     assert proc.returncode == 1
     assert "sbatch refused the training job" in proc.stderr and "partition" in proc.stderr.lower()
+    # the data preparation job, submitted first, does not stay behind
+    prep_id = int(proc.stderr.split("The data preparation job ")[1].split()[0])
+    assert su.wait_for_job(prep_id, timeout_s=60)["JobState"] == "CANCELLED"
     assert "Traceback" not in proc.stderr
 
 
 def test_submit_sh_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "refused sh"
-    assert ph.run_cli(run_dir, "dry_run=true", "cluster.consolidate_partition=nosuchpartition",
+    assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "cluster.consolidate_partition=nosuchpartition",
                       "name=refused2").returncode == 0
     proc = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1

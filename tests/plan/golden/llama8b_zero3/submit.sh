@@ -4,19 +4,27 @@
 set -euo pipefail
 RUN_DIR=/runs/llama8b_zero3
 mkdir -p /runs/llama8b_zero3/logs
-if ! train_id=$(sbatch --parsable --output=/runs/llama8b_zero3/logs/train-%j.out /runs/llama8b_zero3/train.sbatch); then
-  echo "submit.sh: sbatch of the training job failed (see the message above); nothing submitted" >&2
+if ! prepare_id=$(sbatch --parsable --output=/runs/llama8b_zero3/logs/prepare-%j.out /runs/llama8b_zero3/prepare.sbatch); then
+  echo "submit.sh: sbatch of the data preparation job failed (see the message above); nothing submitted" >&2
+  exit 1
+fi
+prepare_id=${prepare_id%%;*}
+if ! train_id=$(sbatch --parsable "--dependency=afterok:${prepare_id}" --kill-on-invalid-dep=yes --output=/runs/llama8b_zero3/logs/train-%j.out /runs/llama8b_zero3/train.sbatch); then
+  echo "submit.sh: sbatch of the training job failed; cancelling data preparation job $prepare_id" >&2
+  scancel "$prepare_id" || true
   exit 1
 fi
 train_id=${train_id%%;*}
 if ! consolidate_id=$(sbatch --parsable "--dependency=afterok:${train_id}" --kill-on-invalid-dep=yes --output=/runs/llama8b_zero3/logs/consolidate-%j.out /runs/llama8b_zero3/consolidate.sbatch); then
-  echo "submit.sh: sbatch of the consolidation job failed; cancelling training job $train_id" >&2
-  scancel "$train_id" || true
+  echo "submit.sh: sbatch of the consolidation job failed; cancelling data preparation job $prepare_id and training job $train_id" >&2
+  scancel "$prepare_id" "$train_id" || true
   exit 1
 fi
 consolidate_id=${consolidate_id%%;*}
+echo "prepare $prepare_id" >> "$RUN_DIR/jobs.txt"
 echo "train $train_id" >> "$RUN_DIR/jobs.txt"
 echo "consolidate $consolidate_id" >> "$RUN_DIR/jobs.txt"
-echo "training job:      $train_id"
+echo "data preparation job: $prepare_id"
+echo "training job:      $train_id (afterok:$prepare_id)"
 echo "consolidation job: $consolidate_id (afterok:$train_id)"
 echo "follow: python -m fsdp_workflow.status $(printf %q "$RUN_DIR")   or   squeue -j $train_id"

@@ -1,0 +1,121 @@
+"""Plan-time rules of the data group: caught before anything is submitted, without torch or transformers.
+
+Run by :func:`fsdp_workflow.plan.checks.check` with the config stage's rules.
+The expensive truths (a record lacking a field, an overlong sample) are the
+prepare step's; here: combinations that cannot work, keys that would be
+ignored, and a chat template that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.schema import (
+    DATA_FIELDS,
+    DataFormat,
+    DataSource,
+    ModelInit,
+    TrainOn,
+    WorkflowConfig,
+)
+from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
+
+# Files in a Hugging Face tokenizer directory that may hold its chat template.
+TOKENIZER_CONFIG = "tokenizer_config.json"
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def is_inline_template(value: str) -> bool:
+    """A ``data.chat_template`` holding Jinja itself rather than a shipped name."""
+    return "{{" in value or "{%" in value
+
+
+def tokenizer_dir(cfg: WorkflowConfig) -> Optional[str]:
+    """The local tokenizer directory, or None for the built-in byte-level tokenizer."""
+    m = cfg.model
+    if m.tokenizer:
+        return m.tokenizer
+    if m.init == ModelInit.pretrained and m.name_or_path:
+        return m.name_or_path
+    return None
+
+
+def tokenizer_has_template(directory: str) -> Optional[bool]:
+    """Whether the tokenizer directory ships a chat template; None when it cannot be read here."""
+    if not os.path.isdir(directory):
+        return None
+    if any(os.path.isfile(os.path.join(directory, f)) for f in TEMPLATE_FILES):
+        return True
+    try:
+        with open(os.path.join(directory, TOKENIZER_CONFIG), encoding="utf-8") as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
+def _check_template(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    d = cfg.data
+    uses_template = d.format == DataFormat.conversation
+    if d.chat_template is not None:
+        if d.format == DataFormat.text:
+            r.error("data.chat_template", d.chat_template, "data.format=text reads plain text: no template applies",
+                    "data.chat_template=null, or data.format=conversation")
+        elif not is_inline_template(d.chat_template) and d.chat_template not in SHIPPED_TEMPLATES:
+            r.error("data.chat_template", d.chat_template, "neither a shipped template nor a Jinja template",
+                    f"one of {', '.join(sorted(SHIPPED_TEMPLATES))}, a template string, or null for the tokenizer's own")
+        return
+    if not uses_template:
+        return
+    directory = tokenizer_dir(cfg)
+    fix = f"data.chat_template={sorted(SHIPPED_TEMPLATES)[0]} (or a Jinja template string)"
+    if directory is None:
+        r.error("data.chat_template", None,
+                "data.format=conversation needs a chat template, and the built-in byte-level tokenizer has none", fix)
+        return
+    has = tokenizer_has_template(directory)
+    if has is False:
+        r.error("data.chat_template", None,
+                f"data.format=conversation needs a chat template, and the tokenizer in {directory} has none", fix)
+    elif has is None:
+        r.warn("data.chat_template", None,
+               f"cannot read the tokenizer in {directory} here to see whether it has a chat template "
+               "(fine if it does on the cluster)", fix + " to be sure")
+
+
+def check_data_format(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Format, source and masking keys that only make sense together."""
+    d = cfg.data
+    if d.source == DataSource.synthetic:
+        changed = [k for k, v in (("format", d.format != DataFormat.text), ("chat_template", d.chat_template),
+                                  ("fields", d.fields), ("cache_dir", d.cache_dir)) if v]
+        for key in changed:
+            r.error(f"data.{key}", getattr(d, key), "data.source=synthetic draws random tokens: nothing is read "
+                    "or prepared", f"remove data.{key}, or a file source (data=jsonl data.path=...)")
+        return
+    if d.source == DataSource.text and d.format != DataFormat.text:
+        r.error("data.format", d.format, "data.source=text reads plain text files, which have no fields",
+                "data.format=text, or data.source=jsonl for records")
+    unknown = sorted(set(d.fields) - set(DATA_FIELDS))
+    if unknown:
+        r.error("data.fields", dict(d.fields), f"unknown field name(s) {unknown}",
+                f"map these canonical names only: {', '.join(DATA_FIELDS)}")
+    if d.format == DataFormat.text:
+        if d.fields:
+            r.error("data.fields", dict(d.fields), "data.format=text reads one field, data.text_field",
+                    "data.text_field=NAME instead of data.fields")
+        if d.train_on != TrainOn.assistant:
+            r.error("data.train_on", d.train_on, "data.format=text trains every token; train_on chooses among "
+                    "the turns of conversations, completions and outputs", "remove data.train_on, or another format")
+    elif d.text_field != "text":
+        r.error("data.text_field", d.text_field, f"data.format={d.format.value} reads data.fields, not text_field",
+                "data.fields.NAME=... (e.g. +data.fields.messages=conversation)")
+    if d.format == DataFormat.prompt_completion and d.train_on == TrainOn.last_assistant:
+        r.warn("data.train_on", d.train_on, "a prompt/completion pair has one completion: the same as assistant",
+               "data.train_on=assistant")
+    _check_template(cfg, r)
+
+
+RULES = [check_data_format]
