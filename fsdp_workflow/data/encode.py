@@ -1,0 +1,138 @@
+"""Tokenising a chunk of records: documents -> token ids and labels (one worker's job).
+
+Each worker holds the tokenizer and the compiled template (:func:`init_worker`)
+and turns a chunk into flat arrays (:func:`encode_chunk`). A chunk's result
+depends only on the chunk, so any number of workers gives the same arrays.
+
+Character spans become token labels through the fast tokenizer's offsets: a
+token carries loss when its characters overlap a trained span, which is what
+``transformers``' ``return_assistant_tokens_mask`` marks for a
+``{% generation %}`` block (the token holding its first character through the
+one holding its last).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from fsdp_workflow.config.schema import ModelConfig, Overlong
+from fsdp_workflow.data.cache import IGNORE_INDEX
+from fsdp_workflow.data.formats import (BadRecord, Document, FormatSpec, TemplateMismatch, parse_json_line,
+                                        to_document)
+from fsdp_workflow.data.sources import Chunk, DataError
+from fsdp_workflow.data.templates import compile_template
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """Everything a worker needs (picklable)."""
+
+    model: ModelConfig  # to load the tokenizer in the worker
+    fmt: FormatSpec
+    json_lines: bool  # payloads are raw JSON lines
+    seq_len: int
+    overlong: Overlong
+
+
+@dataclass
+class ChunkResult:
+    """One chunk, encoded: documents back to back, plus what was left out."""
+
+    tokens: np.ndarray  # int32, all kept documents concatenated
+    labels: np.ndarray  # int32, IGNORE_INDEX where no loss
+    lengths: np.ndarray  # int64, one per kept document
+    records: int = 0
+    bad: List[Tuple[str, int, str]] = field(default_factory=list)  # (file, line, reason)
+    truncated: int = 0
+    dropped_overlong: int = 0
+    dropped_untrained: int = 0  # truncation left no trained token
+
+
+_STATE: Dict[str, Any] = {}
+
+
+def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
+    """Load the tokenizer (unless given) and compile the template, once per process."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
+    if tokenizer is None:
+        from fsdp_workflow.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(spec.model)
+    _STATE.clear()
+    _STATE.update(spec=spec, tokenizer=tokenizer,
+                  render=compile_template(spec.fmt.template) if spec.fmt.template is not None else None,
+                  variables=template_variables(tokenizer))
+
+
+def template_variables(tokenizer: Any) -> Dict[str, Any]:
+    """What a template may read besides the messages: the special tokens, as ``apply_chat_template`` passes them."""
+    return {k: v for k, v in dict(tokenizer.special_tokens_map).items() if isinstance(v, (str, list))}
+
+
+def trained_mask(offsets: np.ndarray, spans: List[Tuple[int, int]]) -> np.ndarray:
+    """Tokens whose character offsets overlap any span (an empty-offset token: lies inside one)."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    if len(offsets) == 0:
+        return mask
+    s, e = offsets[:, 0], offsets[:, 1]
+    for a, b in spans:
+        if b > a:
+            mask |= ((s < b) & (e > a)) | ((s == e) & (s >= a) & (s < b))
+    return mask
+
+
+def encode_chunk(chunk: Chunk) -> ChunkResult:
+    """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
+
+    Raises:
+        DataError: the chat template cannot be used (not a per-record fault).
+    """
+    spec: EncodeSpec = _STATE["spec"]
+    tok = _STATE["tokenizer"]
+    path, rows = chunk
+    docs: List[Document] = []
+    result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows))
+    for line, payload in rows:
+        try:
+            record = parse_json_line(payload) if spec.json_lines else payload
+            docs.append(to_document(record, spec.fmt, _STATE["render"], _STATE["variables"]))
+        except BadRecord as err:
+            result.bad.append((path, line, str(err)))
+        except TemplateMismatch as err:
+            raise DataError(f"{path}:{line}: {err}") from err
+    if not docs:
+        return result
+    enc = tok([d.text for d in docs], add_special_tokens=False, return_offsets_mapping=True)
+    eos = tok.eos_token_id
+    toks: List[np.ndarray] = []
+    labs: List[np.ndarray] = []
+    lengths: List[int] = []
+    for d, ids, offs in zip(docs, enc["input_ids"], enc["offset_mapping"]):
+        ids_a = np.asarray(ids, dtype=np.int32)
+        mask = trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans)
+        if d.eos:
+            ids_a = np.append(ids_a, np.int32(eos))
+            mask = np.append(mask, d.eos_trained)
+        if len(ids_a) == 0:
+            continue  # an empty text without EOS: nothing to train or pack
+        if len(ids_a) > spec.seq_len:
+            if spec.overlong == Overlong.drop:
+                result.dropped_overlong += 1
+                continue
+            result.truncated += 1
+            ids_a, mask = ids_a[: spec.seq_len], mask[: spec.seq_len]
+            if not mask[1:].any():
+                result.dropped_untrained += 1
+                continue
+        toks.append(ids_a)
+        labs.append(np.where(mask, ids_a, IGNORE_INDEX).astype(np.int32))
+        lengths.append(len(ids_a))
+    if toks:
+        result.tokens = np.concatenate(toks)
+        result.labels = np.concatenate(labs)
+        result.lengths = np.asarray(lengths, dtype=np.int64)
+    return result

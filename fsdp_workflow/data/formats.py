@@ -1,0 +1,231 @@
+"""Records -> documents: the text to tokenise and the character spans that carry loss.
+
+One function per ``data.format``; each returns a :class:`Document` or raises
+:class:`BadRecord` (a record lacking the mapped fields, with an unknown role,
+an empty assistant turn, or no assistant turn at all).
+
+- ``text``: the text field; every token trained, EOS appended when ``data.add_eos``.
+- ``conversation``: ``messages: [{role, content}]`` or ShareGPT
+  ``conversations: [{from, value}]`` (``human``->user, ``gpt``->assistant),
+  rendered by the chat template. The assistant spans are found by rendering
+  prefixes: turn i spans from the end of ``render(messages[:i],
+  add_generation_prompt=True)`` to the end of ``render(messages[:i+1])``. That
+  works for any template that renders a conversation prefix by prefix, with or
+  without ``{% generation %}`` markers.
+- ``prompt_completion`` / ``alpaca``: with a chat template, a [user, assistant]
+  conversation (plus the ``system`` field when the record has one); without,
+  plain concatenation (the classic Alpaca prompt for ``alpaca``) and the
+  answer followed by EOS is trained.
+
+``data.train_on`` then picks the spans: every assistant span, the last one, or
+the whole document (``all``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from fsdp_workflow.config.schema import DataFormat, TrainOn
+from fsdp_workflow.data.templates import Renderer
+
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
+                  "assistant": "assistant", "tool": "tool"}
+SHAREGPT_KEY = "conversations"
+
+ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                 "context. Write a response that appropriately completes the request.\n\n"
+                 "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
+                          "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+class BadRecord(ValueError):
+    """One record cannot be used; the message says why (the caller adds file and line)."""
+
+
+class TemplateMismatch(ValueError):
+    """The chat template does not render a conversation prefix by prefix: spans cannot be found."""
+
+
+@dataclass
+class Document:
+    """A record ready to tokenise."""
+
+    text: str
+    spans: List[Tuple[int, int]]  # [start, end) character spans that carry loss
+    eos: bool  # append the EOS token after the text
+    eos_trained: bool  # ... and train it
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """What turns records into documents (picklable: every worker gets one)."""
+
+    format: DataFormat
+    text_field: str
+    fields: Mapping[str, str]
+    train_on: TrainOn
+    add_eos: bool
+    template: Optional[str]  # the resolved template text; None: plain concatenation
+
+    def field(self, canonical: str) -> str:
+        """The dataset's name for a canonical field (``data.fields``)."""
+        return self.fields.get(canonical, canonical)
+
+
+def parse_json_line(line: str) -> Any:
+    """One JSON line as a Python value."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise BadRecord(f"not valid JSON ({err.msg} at column {err.colno})") from err
+
+
+def _get_str(record: Mapping[str, Any], key: str, canonical: str, required: bool = True) -> str:
+    if key not in record or record[key] is None:
+        if not required:
+            return ""
+        mapped = "" if key == canonical else f" (data.fields.{canonical}={key!r})"
+        raise BadRecord(f"no field {key!r}{mapped}; fields: {sorted(record)[:12]}. Map it with data.fields.{canonical}")
+    value = record[key]
+    if not isinstance(value, str):
+        raise BadRecord(f"field {key!r} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, str]]:
+    key = spec.field("messages")
+    raw = record.get(key)
+    if raw is None and key == "messages":
+        raw = record.get(SHAREGPT_KEY)
+    if raw is None:
+        raise BadRecord(f"no field {key!r} (nor ShareGPT {SHAREGPT_KEY!r}); fields: {sorted(record)[:12]}. "
+                        "Map it with data.fields.messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRecord(f"field {key!r} is not a non-empty list of messages")
+    role_key, content_key = spec.field("role"), spec.field("content")
+    out: List[Dict[str, str]] = []
+    for n, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise BadRecord(f"message {n} is a {type(m).__name__}, not an object")
+        if role_key not in m and "from" in m:  # ShareGPT spelling
+            role, content = SHAREGPT_ROLES.get(m["from"], m["from"]), m.get("value")
+        else:
+            if role_key not in m:
+                raise BadRecord(f"message {n} has no {role_key!r} (fields: {sorted(m)}). Map it with data.fields.role")
+            role, content = m[role_key], m.get(content_key)
+        if role not in ROLES:
+            raise BadRecord(f"message {n} has unknown role {role!r}; known: {', '.join(ROLES)} "
+                            "(ShareGPT: human, gpt, system)")
+        if not isinstance(content, str):
+            raise BadRecord(f"message {n} ({role}) has no string {content_key!r}. Map it with data.fields.content")
+        if role == "assistant" and not content.strip():
+            raise BadRecord(f"message {n} is an empty assistant turn")
+        out.append({"role": role, "content": content})
+    system = record.get(spec.field("system"))
+    if isinstance(system, str) and system.strip() and out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": system})
+    if not any(m["role"] == "assistant" for m in out):
+        raise BadRecord("no assistant turn: nothing to train")
+    return out
+
+
+def conversation_spans(messages: List[Dict[str, str]], render: Renderer,
+                       variables: Mapping[str, Any]) -> Tuple[str, List[Tuple[int, int]]]:
+    """Render ``messages`` and find each assistant turn's character span by rendering prefixes.
+
+    Returns:
+        The rendered text and one ``[start, end)`` span per assistant turn, in order.
+
+    Raises:
+        TemplateMismatch: a prefix's rendering is not a prefix of the full rendering.
+    """
+    full = render(messages, add_generation_prompt=False, **variables)
+    spans: List[Tuple[int, int]] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(messages[:i], add_generation_prompt=True, **variables)
+        upto = render(messages[: i + 1], add_generation_prompt=False, **variables)
+        if not (full.startswith(upto) and upto.startswith(before)):
+            raise TemplateMismatch(
+                f"the chat template does not render conversations prefix by prefix (assistant turn {i}): "
+                "the rendering of the first turns is not a prefix of the whole. Use a template that renders "
+                "each turn on its own, e.g. data.chat_template=chatml")
+        spans.append((len(before), len(upto)))
+    return full, spans
+
+
+def _pick(spans: List[Tuple[int, int]], train_on: TrainOn) -> List[Tuple[int, int]]:
+    return spans[-1:] if train_on == TrainOn.last_assistant else spans
+
+
+def to_document(record: Any, spec: FormatSpec, render: Optional[Renderer],
+                variables: Mapping[str, Any]) -> Document:
+    """Turn one record into a :class:`Document`.
+
+    Args:
+        record: a dict (JSON, Parquet, datasets) or a text block (text source).
+        spec: the format settings.
+        render: the compiled chat template (None: plain formats).
+        variables: what the template may read besides the messages (special tokens).
+
+    Raises:
+        BadRecord: the record is unusable (see the module docstring).
+        TemplateMismatch: the template cannot be used for spans.
+    """
+    if spec.format == DataFormat.text:
+        text = record if isinstance(record, str) else _get_str(_as_dict(record), spec.text_field, "text")
+        if not isinstance(record, str):
+            text = str(text)
+        return Document(text, [(0, len(text))], spec.add_eos, True)
+    rec = _as_dict(record)
+    system = rec.get(spec.field("system"))
+    if spec.format == DataFormat.conversation:
+        messages = _messages(rec, spec)
+    else:
+        if spec.format == DataFormat.prompt_completion:
+            prompt_raw, completion_raw = rec.get(spec.field("prompt")), rec.get(spec.field("completion"))
+            if isinstance(prompt_raw, list) and isinstance(completion_raw, list):  # conversational prompt/completion
+                messages = _messages({spec.field("messages"): prompt_raw + completion_raw,
+                                      spec.field("system"): system}, spec)
+                return _templated(messages, spec, render, variables)
+            prompt = _get_str(rec, spec.field("prompt"), "prompt")
+            answer = _get_str(rec, spec.field("completion"), "completion")
+            user = prompt
+        else:
+            instruction = _get_str(rec, spec.field("instruction"), "instruction")
+            extra = _get_str(rec, spec.field("input"), "input", required=False)
+            answer = _get_str(rec, spec.field("output"), "output")
+            prompt = (ALPACA_PROMPT.format(instruction=instruction, input=extra) if extra.strip()
+                      else ALPACA_PROMPT_NO_INPUT.format(instruction=instruction))
+            user = instruction + ("\n\n" + extra if extra.strip() else "")
+        if not answer.strip():
+            raise BadRecord("empty " + ("completion" if spec.format == DataFormat.prompt_completion else "output"))
+        if render is None:
+            text = prompt + answer
+            if spec.train_on == TrainOn.all:
+                return Document(text, [(0, len(text))], True, True)
+            return Document(text, [(len(prompt), len(text))], True, True)
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        if isinstance(system, str) and system.strip():
+            messages.insert(0, {"role": "system", "content": system})
+    return _templated(messages, spec, render, variables)
+
+
+def _templated(messages: List[Dict[str, str]], spec: FormatSpec, render: Optional[Renderer],
+               variables: Mapping[str, Any]) -> Document:
+    assert render is not None, "a chat format without a template is refused before the workers start"
+    text, spans = conversation_spans(messages, render, variables)
+    if spec.train_on == TrainOn.all:
+        return Document(text, [(0, len(text))], False, False)
+    return Document(text, _pick(spans, spec.train_on), False, False)
+
+
+def _as_dict(record: Any) -> Dict[str, Any]:
+    if not isinstance(record, dict):
+        raise BadRecord(f"a record is a JSON object; this is a {type(record).__name__}")
+    return record

@@ -1,0 +1,149 @@
+"""Reading records from the data files, in a stable order, in chunks for the workers.
+
+A *record* is one training example before tokenisation, with where it came
+from (file and 1-based line; the row number for Parquet and ``datasets``
+sources, the first line of the block for text files). Sources:
+
+- ``text``: ``.txt``/``.md``/``.text`` files, one record per blank-line separated block;
+- ``jsonl``: JSON lines (``.jsonl``/``.json``), one record per non-empty line,
+  parsed by the workers (the reading process only splits lines);
+- ``parquet``: rows of ``.parquet`` files (needs pyarrow);
+- ``hf_disk``: a dataset written by ``datasets``' ``save_to_disk`` (the ``train``
+  split of a ``DatasetDict``, or its only one).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+from fsdp_workflow.config.schema import DataSource
+
+TEXT_SUFFIXES = (".txt", ".md", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+class DataError(ValueError):
+    """The data (or the data config) is unusable; the message names the file, line and fix."""
+
+
+# A chunk: (file, [(line, payload)]). The payload is a text block (text), a raw
+# JSON line (jsonl) or a dict (parquet, hf_disk).
+Chunk = Tuple[str, List[Tuple[int, Any]]]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file as the cache key sees it."""
+
+    path: str  # absolute
+    size: int
+    mtime_ns: int
+
+
+def suffixes(source: DataSource) -> Sequence[str]:
+    return {DataSource.text: TEXT_SUFFIXES, DataSource.jsonl: JSONL_SUFFIXES,
+            DataSource.parquet: PARQUET_SUFFIXES}.get(source, ())
+
+
+def expand(source: DataSource, path: Optional[str], key: str) -> List[str]:
+    """The files ``path`` names (a file, a directory searched recursively, or a glob), sorted.
+
+    Raises:
+        DataError: ``path`` is unset or matches nothing.
+    """
+    if source == DataSource.hf_disk:
+        if not path or not os.path.isdir(path):
+            raise DataError(f"{key}={path!r} is not a directory written by datasets' save_to_disk. "
+                            f"Fix {key}.")
+        return [os.path.abspath(path)]
+    sfx = tuple(suffixes(source))
+    if not path:
+        raise DataError(f"{key} is not set: give a file, directory or glob of {'/'.join(sfx)} files.")
+    if os.path.isdir(path):
+        files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True) if f.endswith(sfx))
+    else:
+        files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else ([path] if os.path.isfile(path) else [])
+    if not files:
+        raise DataError(f"{key}={path!r} matches no {'/'.join(sfx)} file. Fix the path (file, directory or glob).")
+    return [os.path.abspath(f) for f in files]
+
+
+def describe_files(source: DataSource, files: Sequence[str]) -> List[SourceFile]:
+    """Path, size and modification time of each file (for a ``datasets`` directory: of every file in it)."""
+    out: List[SourceFile] = []
+    for f in files:
+        if os.path.isdir(f):
+            for sub in sorted(glob.glob(os.path.join(f, "**", "*"), recursive=True)):
+                if os.path.isfile(sub):
+                    st = os.stat(sub)
+                    out.append(SourceFile(os.path.abspath(sub), st.st_size, st.st_mtime_ns))
+        else:
+            st = os.stat(f)
+            out.append(SourceFile(f, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _text_blocks(f: str) -> Iterator[Tuple[int, str]]:
+    """Blank-line separated blocks of a text file, stripped, with the line each starts on."""
+    with open(f, encoding="utf-8") as fh:
+        text = fh.read()
+    line = 1
+    for block in text.split("\n\n"):
+        stripped = block.strip()
+        if stripped:
+            lead = block[: len(block) - len(block.lstrip())]
+            yield line + lead.count("\n"), stripped
+        line += block.count("\n") + 2
+
+
+def _rows(source: DataSource, f: str, key: str) -> Iterator[Tuple[int, Any]]:
+    if source == DataSource.text:
+        yield from _text_blocks(f)
+    elif source == DataSource.jsonl:
+        with open(f, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    yield n, line
+    elif source == DataSource.parquet:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise DataError("data.source=parquet needs pyarrow: pip install pyarrow") from e
+        pf = pq.ParquetFile(f)
+        n = 0
+        for batch in pf.iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                n += 1
+                yield n, row
+    elif source == DataSource.hf_disk:
+        try:
+            from datasets import load_from_disk
+        except ImportError as e:
+            raise DataError("data.source=hf_disk needs the datasets package: pip install datasets") from e
+        ds = load_from_disk(f)
+        if hasattr(ds, "keys"):  # a DatasetDict: take "train" (or the only split)
+            ds = ds["train"] if "train" in ds else ds[next(iter(ds.keys()))]
+        for start in range(0, len(ds), 4096):
+            batch = ds[start:start + 4096]
+            cols = list(batch)
+            for j in range(len(batch[cols[0]]) if cols else 0):
+                yield start + j + 1, {c: batch[c][j] for c in cols}
+    else:
+        raise DataError(f"{key}: data.source={source.value} has no files to read")
+
+
+def iter_chunks(source: DataSource, files: Sequence[str], key: str, chunk_records: int) -> Iterator[Chunk]:
+    """Records of ``files`` in order, ``chunk_records`` at a time (a chunk never spans two files)."""
+    for f in files:
+        rows: List[Tuple[int, Any]] = []
+        for row in _rows(source, f, key):
+            rows.append(row)
+            if len(rows) >= chunk_records:
+                yield f, rows
+                rows = []
+        if rows:
+            yield f, rows
