@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, JOBS_FILE, RunDir
+from fsdp_workflow.data.cache import META_FILE
 
 # Slurm job state -> what the user is told.
 _STATES = {
@@ -62,6 +63,7 @@ class RunStatus:
     consolidated: str = "absent"  # absent, present, verified, verification failed
     verification: Optional[dict] = None
     last_eval: Optional[dict] = None
+    data: Optional[dict] = None  # the prepared token cache: path, samples, tokens, trained tokens
     notes: List[str] = field(default_factory=list)
 
 
@@ -146,6 +148,26 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
     return st
 
 
+def _data_summary(layout: RunDir) -> Optional[dict]:
+    """What the prepare step left: the cache this run trains on and its counts (None before it ran)."""
+    try:
+        pointer = json.loads(layout.data_pointer.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(pointer, dict) or not pointer.get("cache"):
+        return {"cache": None, "note": "synthetic data: nothing prepared"}
+    out = {"cache": pointer["cache"]}
+    try:
+        meta = json.loads((Path(pointer["cache"]) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {**out, "note": "the cache it names is gone or incomplete: prepare again"}
+    for split in ("train", "eval"):
+        counts = meta.get(split)
+        if isinstance(counts, dict):
+            out[split] = {k: counts.get(k) for k in ("samples", "tokens", "trained_tokens")}
+    return out
+
+
 def collect(run_dir: Path) -> RunStatus:
     """Everything :func:`main` prints, as data."""
     layout = RunDir.recorded(run_dir)  # cluster.log_dir and consolidate.output_dir as the run recorded them
@@ -158,6 +180,7 @@ def collect(run_dir: Path) -> RunStatus:
     rs.checkpoint_steps = [step for step, _ in layout.list_checkpoints()]
     rs.latest_checkpoint_step = rs.checkpoint_steps[-1] if rs.checkpoint_steps else None
     rs.requeue_marker = layout.requeue_marker.exists()
+    rs.data = _data_summary(layout)
     out = layout.hf_model
     rs.consolidated_dir = str(out)
     if out.is_dir():
@@ -192,6 +215,11 @@ def format_text(rs: RunStatus) -> str:
     step = rs.latest_checkpoint_step
     lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
                  + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))
+    if rs.data is not None:
+        train = rs.data.get("train") or {}
+        counts = (f"{train.get('samples')} samples, {train.get('tokens')} tokens, {train.get('trained_tokens')} trained"
+                  if train else rs.data.get("note", ""))
+        lines.append(f"data: {counts}" + (f" ({rs.data['cache']})" if rs.data.get("cache") else ""))
     lines.append(f"consolidated model: {rs.consolidated} ({rs.consolidated_dir})")
     if rs.last_eval:
         lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))

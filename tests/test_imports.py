@@ -5,7 +5,7 @@ a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
 
     core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__
                  ^----  data  <-  train ;  consolidate (config and core only)
-                 ^----  evaluate (consolidate, train, data) ; status (core and config)
+                 ^----  evaluate (consolidate, train, data) ; status (core, config, data)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "train": {"core", "config", "data"},
     "consolidate": {"core", "config"},
     "evaluate": {"core", "config", "consolidate", "train", "data"},
-    "status": {"core", "config"},
+    "status": {"core", "config", "data"},
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "__init__": set(),
 }

@@ -59,6 +59,16 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     # model / data / container
     (["model.init=pretrained"], "model.name_or_path"),
     (["data=jsonl"], "data.path"),
+    # data format (the base's data is the shipped plain-text corpus)
+    (["data=smoke_chat", "data.chat_template=null"], "data.chat_template"),  # byte-level tokenizer: no template
+    (["data=smoke_chat", "data.chat_template=vicuna"], "data.chat_template"),  # not shipped, not Jinja
+    (["data.format=conversation"], "data.format"),  # plain text files have no fields
+    (["data.chat_template=chatml"], "data.chat_template"),  # format=text applies no template
+    (["data.train_on=last_assistant"], "data.train_on"),  # format=text trains every token
+    (["data=smoke_chat", "+data.fields.turns=dialog"], "data.fields"),  # not a canonical field name
+    (["data=smoke_chat", "data.text_field=body"], "data.text_field"),  # conversations read data.fields
+    (["data=synthetic", "data.format=conversation"], "data.format"),
+    (["data.num_workers=0"], "data.num_workers"),
     (["data.eval_fraction=1.5"], "data.eval_fraction"),
     (["container=apptainer"], "container.image"),
     (["container=pyxis", "container.image='nvcr.io#nvidia/pytorch:25.01-py3'"], "container.runtime"),
