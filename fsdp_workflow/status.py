@@ -161,8 +161,9 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
         meta = json.loads((Path(pointer["cache"]) / META_FILE).read_text())
     except (OSError, ValueError):
         return {**out, "note": "the cache it names is gone or incomplete: prepare again"}
+    splits = meta.get("splits") if isinstance(meta.get("splits"), dict) else {}
     for split in ("train", "eval"):
-        counts = meta.get(split)
+        counts = splits.get(split)
         if isinstance(counts, dict):
             out[split] = {k: counts.get(k) for k in ("samples", "tokens", "trained_tokens")}
     return out

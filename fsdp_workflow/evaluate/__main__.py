@@ -27,6 +27,7 @@ from fsdp_workflow.consolidate import ConsolidationError, consolidate
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.evaluate.perplexity import perplexity
+from fsdp_workflow.train.data import DataError
 
 Record = Dict[str, Union[str, int, float, None]]
 
@@ -69,6 +70,9 @@ def evaluate_step(run_dir: Path, step: int) -> Record:
         result = perplexity(out, cfg)
     except ConsolidationError as err:
         record.update(status="failed", reason=f"consolidation failed: {str(err)[-500:]}")
+        return record
+    except DataError as err:
+        record.update(status="failed", reason=f"no held-out data to read: {str(err)[-500:]}")
         return record
     finally:
         shutil.rmtree(out, ignore_errors=True)  # one model per checkpoint would fill the disk

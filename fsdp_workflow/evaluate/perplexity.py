@@ -1,4 +1,11 @@
-"""Mean token loss and perplexity of a consolidated model on the run's held-out split."""
+"""Mean token loss and perplexity of a consolidated model on the run's held-out split.
+
+The held-out samples are the ones the trainer evaluates: the ``eval`` split of the
+prepared token cache (:func:`fsdp_workflow.train.data.open_sources`), packed
+documents with their labels and position ids. Only trained tokens count (prompt
+tokens, document starts and padding carry label -100), and attention stays
+inside each document, as in training.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +15,48 @@ from typing import Dict, Optional
 
 from fsdp_workflow.config.schema import WorkflowConfig
 
-MAX_EVAL_BLOCKS = 64  # held-out sequences per evaluation, at most
+MAX_EVAL_SAMPLES = 64  # held-out packed samples per evaluation, at most
 
 
 def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Dict[str, float]]:
-    """Loss, perplexity and token count on up to :data:`MAX_EVAL_BLOCKS` held-out sequences.
+    """Loss per trained token, perplexity and trained-token count on up to :data:`MAX_EVAL_SAMPLES` samples.
+
+    Args:
+        model_dir: a consolidated Hugging Face model directory.
+        cfg: the run's config (its data cache and tokenizer).
 
     Returns:
-        None when the run has no held-out data (``data.eval_path`` / ``data.eval_fraction``).
+        None when the run has no held-out data (``data.eval_path`` / ``data.eval_fraction``),
+        or when the held-out samples carry no trained token.
+
+    Raises:
+        DataError: the run's data was never prepared (the message names the command).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fsdp_workflow.train.data import build_sources
     from fsdp_workflow.data.tokenizer import load_tokenizer
+    from fsdp_workflow.train.data import open_sources, pad_token_id
+    from fsdp_workflow.train.model import loss_sum
 
-    tokenizer = load_tokenizer(cfg.model)
-    _, held = build_sources(cfg.data, tokenizer, cfg.train.seq_len, cfg.model.vocab_size)
+    _, held = open_sources(cfg, pad_token_id(load_tokenizer(cfg.model)))
     if held is None:
         return None
-    n = min(held.num_blocks or MAX_EVAL_BLOCKS, MAX_EVAL_BLOCKS)
+    n = min(getattr(held, "num_samples", None) or MAX_EVAL_SAMPLES, MAX_EVAL_SAMPLES)
     # bf16: the eval job's memory is sized for it (config.rules_env.eval_job_mem_gb)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(n):
-            ids = held.sample(i).unsqueeze(0)
-            loss = model(input_ids=ids, labels=ids).loss
-            total += loss.item() * (ids.numel() - 1)
-            count += ids.numel() - 1
+            s = held.sample(i)
+            ids, labels, positions = (torch.from_numpy(a).unsqueeze(0) for a in (s.input_ids, s.labels, s.position_ids))
+            # No attention mask and no cache: transformers then reads the document
+            # boundaries from the restarting position ids.
+            logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+            total += loss_sum(logits, labels).item()
+            count += int((labels[:, 1:] != -100).sum())
+    if count == 0:
+        return None
     mean = total / count
     return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "num_tokens": count}

@@ -7,12 +7,14 @@ Run on every rank, by torchrun (or ``accelerate launch``) with the variables of
     torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
 
 Steps: process group and ``Accelerator()`` from the environment; tokenizer and
-packed data; model built and wrapped by :mod:`.parallel`; optimizer and
+the prepared token cache, memory-mapped (:mod:`.data`; the trainer never
+tokenises: ``python -m fsdp_workflow.data.prepare RUN_DIR`` runs first); model built and wrapped by :mod:`.parallel`; optimizer and
 schedule; the trainer state as ``Stateful`` parts (:mod:`.state`) and a
 checkpointer for the strategy (:mod:`.checkpointers`); resume from the newest
 complete checkpoint; then per optimizer step: reseed, ``grad_accum_steps``
-micro-batches, clip, step, one all-reduce carrying the loss and the preemption
-flag, metrics, maybe evaluate, maybe checkpoint. After each committed
+micro-batches (one all-reduce of their trained-token count first, so the loss is
+a mean over every trained token of the step, all ranks together), clip, step,
+one all-reduce carrying the loss and the preemption flag, metrics, maybe evaluate, maybe checkpoint. After each committed
 checkpoint rank 0 runs ``RUN_DIR/post_checkpoint.sh STEP`` if the planner wrote
 one (:mod:`.hooks`).
 
@@ -45,7 +47,7 @@ from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer
 from fsdp_workflow.train.checkpointers import make_checkpointer
-from fsdp_workflow.train.data import PackedSource, RankBatches, build_sources
+from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.signals import PreemptionFlag
@@ -108,16 +110,15 @@ class Ranks:
 
 
 def install_loss_forward(model: torch.nn.Module, model_type: str, compile_loss: bool = False) -> None:
-    """Give the bare model ``forward(input_ids, labels) -> mean loss``."""
+    """Give the bare model ``forward(input_ids, labels, position_ids) -> summed token loss``.
+
+    The sum (not a mean) lets :func:`optimizer_step` weight every trained token of
+    a step equally, whichever micro-batch and rank it falls on.
+    """
     if model_type in CHUNKED_LOSS_MODEL_TYPES:
         model_lib.install_chunked_loss_forward(model, compile_loss=compile_loss)
-        return
-    hf_forward = model.forward
-
-    def forward(input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return hf_forward(input_ids=input_ids, labels=labels).loss
-
-    model.forward = forward  # type: ignore[method-assign]
+    else:
+        model_lib.install_logits_loss_forward(model)
 
 
 def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
@@ -187,7 +188,7 @@ class Session:
     ranks: Ranks
     trainee: Trainee
     batches: RankBatches
-    held_out: Optional[PackedSource]
+    held_out: Optional[SampleSource]
     rng: StepRng
     parts: Mapping[str, Stateful]
     checkpointer: Checkpointer
@@ -218,7 +219,7 @@ def main(run_dir_arg: str) -> int:
     flag = PreemptionFlag().install()
 
     tokenizer = load_tokenizer(cfg.model)
-    train_src, held_src = build_sources(cfg.data, tokenizer, cfg.train.seq_len, cfg.model.vocab_size)
+    train_src, held_src = open_sources(cfg, pad_token_id(tokenizer))
     batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.rank, ranks.world)
     trainee = build_trainee(cfg, ranks, strategy)
     if ranks.rank == 0:
@@ -302,13 +303,19 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     grad_accum, world = s.ranks.grad_accum, s.ranks.world
     s.rng.reseed()
     t0 = time.perf_counter()
+    batches = [s.batches.next() for _ in range(grad_accum)]
+    trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device))
+    # The gradient is that of (sum of token losses) / (trained tokens of the step, all
+    # ranks): the data-parallel reduction averages over ranks and Accelerate (or
+    # DeepSpeed) divides each micro-batch's loss by grad_accum, so scale both back.
+    scale = world * grad_accum / max(int(trained.item()), 1)
     loss_sum = torch.zeros((), device=device)
-    for micro in range(grad_accum):
-        batch = s.batches.next().to(device, non_blocking=True)
+    for micro, batch in enumerate(batches):
+        batch = batch.to(device)
         with parallel.no_sync(prepared, accelerator, enabled=micro < grad_accum - 1):
-            loss = prepared.model(input_ids=batch, labels=batch)
-            accelerator.backward(loss)
-        loss_sum += loss.detach().float()
+            summed = forward(prepared.model, batch)
+            accelerator.backward(summed * scale)
+        loss_sum += summed.detach().float()
     grad_norm = parallel.clip_grad_norm(prepared, accelerator, s.cfg.optimizer.max_grad_norm)
     lr = s.trainee.scheduler.get_last_lr()[0]
     prepared.optimizer.step()
@@ -317,17 +324,18 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     s.rng.step += 1
 
     # One collective per step: the mean loss and "did any rank get a signal".
-    stats = torch.stack([loss_sum / grad_accum, torch.tensor(float(s.flag.requested), device=device)])
-    if dist.is_initialized():
-        dist.all_reduce(stats)
+    stats = global_sum(torch.stack([loss_sum, torch.tensor(float(s.flag.requested), device=device)]))
     dt = time.perf_counter() - t0
+    # Input tokens, padding included: what the GPUs processed (and what MFU counts).
     tokens = world * grad_accum * s.cfg.train.micro_batch_size * s.cfg.train.seq_len
+    num_trained = int(trained.item())
     record: dict[str, Any] = {
         "step": s.rng.step,
-        "loss": stats[0].item() / world,
+        "loss": stats[0].item() / max(num_trained, 1),
         "lr": lr,
         "grad_norm": grad_norm,
         "tokens_per_s": tokens / dt,
+        "trained_tokens": num_trained,
         "mfu": tokens / dt * s.flops_per_token / (world * s.peak_tflops * 1e12),
         "peak_tflops": s.peak_tflops,
         "step_time_s": dt,
@@ -338,22 +346,32 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     return record, stats[1].item() > 0
 
 
+def forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The summed token loss of ``batch`` (the installed loss forward; see :func:`install_loss_forward`)."""
+    return model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids)
+
+
+def global_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over all ranks (``t`` itself without a process group)."""
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
 @torch.no_grad()
 def evaluate(s: Session) -> float:
-    """Mean loss over ``train.eval_batches`` held-out micro-batches per rank (same batches every time)."""
+    """Mean loss per trained token over ``train.eval_batches`` held-out micro-batches per rank (same ones every time)."""
     assert s.held_out is not None
-    model, cfg, world = s.trainee.prepared.model, s.cfg, s.ranks.world
-    num_batches = max(1, cfg.train.eval_batches)
+    model, cfg, world, device = s.trainee.prepared.model, s.cfg, s.ranks.world, s.ranks.device
     model.eval()
     batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.rank, world)
-    total = torch.zeros((), device=s.ranks.device)
-    for _ in range(num_batches):
-        batch = batches.next().to(s.ranks.device)
-        total += model(input_ids=batch, labels=batch).float()
-    if dist.is_initialized():
-        dist.all_reduce(total)
+    totals = torch.zeros(2, device=device, dtype=torch.float64)  # (summed loss, trained tokens)
+    for _ in range(max(1, cfg.train.eval_batches)):
+        batch = batches.next().to(device)
+        totals += torch.stack([forward(model, batch).double(), batch.num_trained().double()])
+    global_sum(totals)
     model.train()
-    return total.item() / (world * num_batches)
+    return totals[0].item() / max(totals[1].item(), 1.0)
 
 
 def record_exit(run: RunDir, outcome: Outcome) -> None:

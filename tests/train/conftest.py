@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_workflow.core.rundir import RunDir
+
 from tests.train.runner import launch, log_text, make_run_dir
 
 # 20 steps, a checkpoint every 10, all kept: the reference for resume exactness.
@@ -28,10 +30,15 @@ def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def copy_run(src: Path, dest: Path, checkpoints: tuple[int, ...]) -> Path:
-    """A fresh run dir with ``src``'s config, launch.env and hf_assets and only the given checkpoints."""
+    """A fresh run dir with ``src``'s config, launch.env, data pointer and hf_assets, and only the given checkpoints.
+
+    The data pointer names ``src``'s token cache by its absolute path, so the copy
+    trains on the very same cache (as a resubmitted run does).
+    """
     dest.mkdir(parents=True)
-    for name in ("config.yaml", "launch.env"):
-        shutil.copy2(src / name, dest / name)
+    a, b = RunDir.of(src), RunDir.of(dest)
+    for name in ("config", "launch_env", "data_pointer"):
+        shutil.copy2(getattr(a, name), getattr(b, name))
     shutil.copytree(src / "hf_assets", dest / "hf_assets")
     (dest / "checkpoints").mkdir()
     for step in checkpoints:

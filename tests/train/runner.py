@@ -1,7 +1,8 @@
 """Make run directories and launch the trainer the way the planner does (for tests).
 
 ``make_run_dir`` composes ``conf/`` with overrides, writes the resolved
-``config.yaml`` and ``launch.env``; ``launch`` runs
+``config.yaml`` and ``launch.env`` and prepares the data (the token cache and
+the run's data pointer, as the chain's prepare job does); ``launch`` runs
 ``torchrun --nproc_per_node N -m fsdp_workflow.train RUN_DIR`` with launch.env's
 variables in the environment, and no other torchrun flag.
 
@@ -23,18 +24,31 @@ from typing import Optional, Sequence
 
 from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
 from fsdp_workflow.config.load import compose, to_yaml
+from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.render import render_launch_env
 
 # Small and quick: the tiny Llama, 64-token sequences.
 FAST = ["+experiment=smoke", "train.seq_len=64", "train.micro_batch_size=2", "train.log_every_steps=5", "optimizer.warmup_steps=2"]
 
 
-def make_run_dir(run_dir: Path, overrides: Sequence[str] = ()) -> Path:
-    """Compose the config with ``overrides``, write ``config.yaml`` and ``launch.env`` into ``run_dir``."""
+def make_run_dir(run_dir: Path, overrides: Sequence[str] = (), prepare_data: bool = True) -> Path:
+    """Compose the config with ``overrides``, write ``config.yaml`` and ``launch.env`` into ``run_dir``.
+
+    Args:
+        run_dir: the run directory (created).
+        overrides: Hydra overrides on top of :data:`FAST`.
+        prepare_data: run the prepare step in this process (one worker), as the
+            chain does before training; False leaves the run without data.
+    """
+    from fsdp_workflow.data.prepare import prepare
+
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = compose([*FAST, *overrides, f"run_dir={run_dir}"])
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    (run_dir / "launch.env").write_text(render_launch_env(accelerate_env(cfg)))
+    layout = RunDir.of(run_dir)
+    layout.config.write_text(to_yaml(cfg))
+    layout.launch_env.write_text(render_launch_env(accelerate_env(cfg)))
+    if prepare_data:
+        prepare(cfg, num_workers=1, progress=False)
     return run_dir
 
 
