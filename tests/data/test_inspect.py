@@ -1,0 +1,59 @@
+"""The inspect command: text for a person, JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdp_workflow.config.load import to_yaml
+from fsdp_workflow.config.schema import DataFormat, DataSource, run_layout
+from fsdp_workflow.data.inspect import main
+from fsdp_workflow.data.prepare import prepare
+
+from .conftest import make_cfg, write_jsonl
+
+CHAT = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(4)]
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    path = write_jsonl(tmp_path / "chat.jsonl", CHAT)
+    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
+                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
+    layout = run_layout(cfg)
+    layout.root.mkdir(parents=True)
+    layout.config.write_text(to_yaml(cfg))
+    prepare(cfg, num_workers=1, progress=False)
+    return layout.root
+
+
+def test_json(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(run), "-n", "2", "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)
+    assert len(samples) == 2
+    s = samples[0]
+    assert len(s["input_ids"]) == len(s["labels"]) == len(s["position_ids"]) == len(s["trained"]) == 256
+    for a, b in s["documents"]:
+        assert s["position_ids"][a] == 0
+        text = "".join(s["pieces"][a:b])
+        trained = "".join(p for p, t in zip(s["pieces"][a:b], s["trained"][a:b]) if t)
+        assert text.startswith("<|im_start|>user\nq") and trained.startswith("a") and trained.endswith("<|im_end|>\n")
+    assert not any(s["trained"][s["num_tokens"]:])
+
+
+def test_text(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(run), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "=== sample 0 (train)" in out and "|| document 1" in out and "|| padding" in out
+    assert "[a(97, 97)]" in out and "q(-100, 113)" in out
+
+
+def test_unprepared_run_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = make_cfg(tmp_path / "run", source=DataSource.text, path="x.txt")
+    run_layout(cfg).root.mkdir(parents=True)
+    run_layout(cfg).config.write_text(to_yaml(cfg))
+    assert main([str(tmp_path / "run")]) == 2
+    assert "python -m fsdp_workflow.data.prepare" in capsys.readouterr().err
