@@ -92,8 +92,8 @@ def write_split(directory: Path, docs_tokens: Sequence[np.ndarray], docs_labels:
     lengths = np.asarray([len(t) for t in docs_tokens], dtype=np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = np.concatenate(docs_tokens).astype(np.int32) if len(docs_tokens) else np.zeros(0, np.int32)
-    labels = np.concatenate(docs_labels).astype(np.int32) if len(docs_labels) else np.zeros(0, np.int32)
+    tokens = np.concatenate(docs_tokens).astype(np.int32, copy=False) if len(docs_tokens) else np.zeros(0, np.int32)
+    labels = np.concatenate(docs_labels).astype(np.int32, copy=False) if len(docs_labels) else np.zeros(0, np.int32)
     labels[offsets[:-1][lengths > 0]] = IGNORE_INDEX  # nothing predicts a document's first token
     sample_docs = pack_documents(lengths.tolist(), seq_len)
     np.save(directory / TOKENS, tokens)

@@ -196,6 +196,7 @@ def _gather(results: List[ChunkResult]) -> _Docs:
               for k in ("records", "truncated", "dropped_overlong", "dropped_untrained")}
     bad = [b for r in results for b in r.bad]
     counts["bad_records"] = len(bad)
+    results.clear()  # the per-chunk arrays are copied above: free them before the split is written
     return _Docs(tokens, labels, offsets, counts, bad)
 
 
