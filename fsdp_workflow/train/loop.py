@@ -305,10 +305,7 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     t0 = time.perf_counter()
     batches = [s.batches.next() for _ in range(grad_accum)]
     trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device))
-    # The gradient is that of (sum of token losses) / (trained tokens of the step, all
-    # ranks): the data-parallel reduction averages over ranks and Accelerate (or
-    # DeepSpeed) divides each micro-batch's loss by grad_accum, so scale both back.
-    scale = world * grad_accum / max(int(trained.item()), 1)
+    scale = loss_scale(int(trained.item()), world, grad_accum)
     loss_sum = torch.zeros((), device=device)
     for micro, batch in enumerate(batches):
         batch = batch.to(device)
@@ -344,6 +341,22 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     if device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return record, stats[1].item() > 0
+
+
+def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:
+    """The factor on each micro-batch's summed loss that makes the step's gradient a mean per trained token.
+
+    The data-parallel reduction averages gradients over ``world`` ranks and
+    Accelerate (or DeepSpeed) divides each micro-batch's loss by ``grad_accum``;
+    multiplying by both and dividing by the step's trained tokens on all ranks
+    gives the gradient of ``(sum of every trained token's loss) / num_trained``.
+
+    Args:
+        num_trained: trained tokens of the whole step, all ranks and micro-batches.
+        world: data-parallel ranks.
+        grad_accum: micro-batches per optimizer step.
+    """
+    return world * grad_accum / max(num_trained, 1)
 
 
 def forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -128,3 +128,26 @@ def test_synthetic_batches_train_every_position(tiny: torch.nn.Module) -> None:
                                reduction="sum")
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
     assert np.isfinite(loss.item())
+
+
+def test_the_step_gradient_weighs_every_trained_token_the_same(tiny: torch.nn.Module) -> None:
+    """Two micro-batches with 10 and 1 trained tokens: the step's gradient is the mean over all 11 tokens."""
+    from fsdp_workflow.train.data import Batch
+    from fsdp_workflow.train.loop import loss_scale
+
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 256, (2, 12), generator=gen)
+    labels = ids.clone()
+    labels[0, :2] = -100  # 10 trained targets
+    labels[1, :11] = -100  # 1 trained target
+    micro = [Batch(ids[i:i + 1], labels[i:i + 1], torch.arange(12).view(1, 12)) for i in range(2)]
+    model = copy.deepcopy(tiny)
+    install_loss_forward(model, "llama")
+    scale = loss_scale(sum(int(b.num_trained()) for b in micro), world=1, grad_accum=2)
+    for b in micro:
+        (forward(model, b) * scale / 2).backward()  # what accelerator.backward does with grad_accum=2
+    ref = copy.deepcopy(tiny)
+    install_loss_forward(ref, "llama")
+    (forward(ref, Batch(ids, labels, torch.arange(12).expand(2, 12))) / 11).backward()
+    for g, r in zip(_grads(model), _grads(ref)):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-7)
