@@ -15,6 +15,7 @@ from typing import Optional
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import (
     DATA_FIELDS,
+    ClusterKind,
     DataFormat,
     DataSource,
     ModelInit,
@@ -63,9 +64,17 @@ def _check_template(cfg: WorkflowConfig, r: ValidationReport) -> None:
         if d.format == DataFormat.text:
             r.error("data.chat_template", d.chat_template, "data.format=text reads plain text: no template applies",
                     "data.chat_template=null, or data.format=conversation")
+        elif d.chat_template.endswith(".jinja"):
+            if not os.path.isfile(d.chat_template):
+                hard = cfg.cluster.kind == ClusterKind.local and not cfg.dry_run
+                (r.error if hard else r.warn)(
+                    "data.chat_template", d.chat_template,
+                    "no such template file" + ("" if hard else " here (fine if it exists on the cluster)"),
+                    "data.chat_template=/absolute/path/to/template.jinja")
         elif not is_inline_template(d.chat_template) and d.chat_template not in SHIPPED_TEMPLATES:
-            r.error("data.chat_template", d.chat_template, "neither a shipped template nor a Jinja template",
-                    f"one of {', '.join(sorted(SHIPPED_TEMPLATES))}, a template string, or null for the tokenizer's own")
+            r.error("data.chat_template", d.chat_template, "neither a shipped template, a .jinja file nor a "
+                    "Jinja template", f"one of {', '.join(sorted(SHIPPED_TEMPLATES))}, a path to a .jinja file, "
+                    "a template string, or null for the tokenizer's own")
         return
     if not uses_template:
         return
