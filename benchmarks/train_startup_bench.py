@@ -42,7 +42,8 @@ def plan(run_dir: Path, tok_dir: Path, data: Optional[Path]) -> None:
     data_args = (["data=synthetic"] if data is None else
                  ["data=chat_jsonl", f"data.path={data}", "data.chat_template=chatml", "data.eval_fraction=0.01"])
     argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", *data_args, f"model.tokenizer={tok_dir}",
-            "model.vocab_size=8000", "train.seq_len=1024", "train.max_steps=3", "checkpoint.every_steps=0",
+            "model.vocab_size=8000", "train.seq_len=1024", "train.max_steps=3", "optimizer.warmup_steps=0",
+            "checkpoint.every_steps=0",
             "checkpoint.save_final=false", "consolidate.enabled=false", "dry_run=true", f"run_dir={run_dir}"]
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, text=True)
 
