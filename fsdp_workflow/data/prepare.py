@@ -28,7 +28,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 
 import numpy as np
 
-from fsdp_workflow.config.schema import DataFormat, DataSource, OnBadRecord, WorkflowConfig, run_layout
+from fsdp_workflow.config.schema import DataFormat, DataSource, ModelInit, OnBadRecord, WorkflowConfig, run_layout
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
 from fsdp_workflow.data.cache import FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, write_split
@@ -228,6 +228,32 @@ def write_pointer(cfg: WorkflowConfig, prepared: Prepared) -> None:
         atomic_write_json(layout.data_pointer, {"cache": str(prepared.path), "key": prepared.key})
 
 
+def model_vocab_size(cfg: WorkflowConfig) -> Optional[int]:
+    """The embedding rows the model will have: ``model.vocab_size`` for random init, else its config.json's."""
+    if cfg.model.init == ModelInit.random or not cfg.model.name_or_path:
+        return cfg.model.vocab_size
+    try:
+        with open(os.path.join(cfg.model.name_or_path, "config.json"), encoding="utf-8") as f:
+            value = json.load(f).get("vocab_size")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def check_vocab(cfg: WorkflowConfig, tokenizer_size: int) -> None:
+    """Refuse a tokenizer with more ids than the model has embeddings: found here, not as an index error on a GPU.
+
+    Raises:
+        DataError: naming both sizes and the keys to fix.
+    """
+    rows = model_vocab_size(cfg)
+    if rows is not None and tokenizer_size > rows:
+        raise DataError(
+            f"the tokenizer has {tokenizer_size} tokens but the model has {rows} embedding rows "
+            f"(model.vocab_size / the model's config.json): token ids past {rows - 1} would crash training. "
+            "Point model.tokenizer at the model's own tokenizer, or raise model.vocab_size for a random init.")
+
+
 def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress: bool = True) -> Prepared:
     """Tokenise, mask and pack ``cfg.data`` into a token cache (or reuse the one with the same key).
 
@@ -251,6 +277,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     files = expand(d.source, d.path, "data.path")
     eval_files = expand(d.source, d.eval_path, "data.eval_path") if d.eval_path else []
     tokenizer = load_tokenizer(cfg.model)
+    check_vocab(cfg, len(tokenizer))
     src = tokenizer_source(cfg.model) or "byte-level"
     template = (resolve_template(d.chat_template, getattr(tokenizer, "chat_template", None), src)
                 if needs_template(cfg) else None)

@@ -111,3 +111,13 @@ def test_cache_reads_with_numpy_alone(tmp_path: Path) -> None:
     assert last - first == 5 and end - start == p.meta["splits"]["train"]["tokens"]
     assert tokens.dtype == np.int32 and labels.dtype == np.int32 and len(tokens) == len(labels)
     assert (labels != IGNORE_INDEX).sum() == 5 * len(b"hello<|im_end|>\n")
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_before_anything_is_written(tmp_path, bpe_tokenizer_dir):
+    """Ids past the model's embedding rows would be an index error on the GPU, hours later: refused at prepare."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "hello world"}])
+    cfg = make_cfg(tmp_path / "run", tokenizer=str(bpe_tokenizer_dir), source=DataSource.jsonl, path=str(data))
+    cfg.model.vocab_size = 500  # the tokenizer has 1000
+    with pytest.raises(DataError, match=r"tokenizer has 1000 tokens but the model has 500 embedding rows"):
+        prepare(cfg, num_workers=1, progress=False)
+    assert not (tmp_path / "run").exists()
