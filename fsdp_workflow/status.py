@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, JOBS_FILE, RunDir
-from fsdp_workflow.data.cache import META_FILE
+from fsdp_workflow.data.cache import CacheError
+from fsdp_workflow.data.open import open_cache
 
 # Slurm job state -> what the user is told.
 _STATES = {
@@ -150,18 +151,16 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
 
 def _data_summary(layout: RunDir) -> Optional[dict]:
     """What the prepare step left: the cache this run trains on and its counts (None before it ran)."""
-    try:
-        pointer = json.loads(layout.data_pointer.read_text())
-    except (OSError, ValueError):
+    if not layout.data_pointer.exists():
         return None
-    if not isinstance(pointer, dict) or not pointer.get("cache"):
-        return {"cache": None, "note": "synthetic data: nothing prepared"}
-    out = {"cache": pointer["cache"]}
     try:
-        meta = json.loads((Path(pointer["cache"]) / META_FILE).read_text())
-    except (OSError, ValueError):
-        return {**out, "note": "the cache it names is gone or incomplete: prepare again"}
-    splits = meta.get("splits") if isinstance(meta.get("splits"), dict) else {}
+        cache = open_cache(layout, pad_id=0)  # reads the pointer and meta.json; maps no array yet
+    except CacheError as err:
+        return {"cache": None, "note": str(err)}
+    if cache is None:
+        return {"cache": None, "note": "synthetic data: nothing prepared"}
+    out: dict = {"cache": str(cache.path)}
+    splits = cache.meta.get("splits") if isinstance(cache.meta.get("splits"), dict) else {}
     for split in ("train", "eval"):
         counts = splits.get(split)
         if isinstance(counts, dict):

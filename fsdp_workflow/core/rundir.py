@@ -278,19 +278,16 @@ class RunDir:
     def evals_file(self) -> Path:
         return self.root / EVALS_FILE
 
+    @property
+    def pending_evals(self) -> Path:
+        """Where checkpoints wait, hard-linked, for their evaluation job."""
+        return self.evals / PENDING_EVALS_DIR
+
     def eval_snapshot(self, step: int) -> Path:
         """The hard-linked copy of ``step-N`` an evaluation job reads (immune to pruning)."""
-        return self.evals / PENDING_EVALS_DIR / step_name(step)
+        return self.pending_evals / step_name(step)
 
     def eval_model(self, step: int) -> Path:
         """Where an evaluation consolidates ``step-N`` (removed after it is measured)."""
         return self.evals / step_name(step)
 
-
-def find_run_dir(path: Path, levels: int = 3) -> Optional[Path]:
-    """The run directory at or above ``path`` (the first holding ``config.yaml`` and ``checkpoints/``)."""
-    p = Path(path).absolute()
-    for cand in [p, *p.parents][: levels + 1]:
-        if (cand / CONFIG_FILE).is_file() and (cand / CHECKPOINTS_DIR).is_dir():
-            return cand
-    return None

@@ -18,11 +18,11 @@ from fsdp_workflow.config.schema import (
     ClusterKind,
     DataFormat,
     DataSource,
-    ModelInit,
     TrainOn,
     WorkflowConfig,
 )
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
+from fsdp_workflow.data.tokenizer import tokenizer_source  # imports transformers only when loading
 
 # Files in a Hugging Face tokenizer directory that may hold its chat template.
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -32,16 +32,6 @@ TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 def is_inline_template(value: str) -> bool:
     """A ``data.chat_template`` holding Jinja itself rather than a shipped name."""
     return "{{" in value or "{%" in value
-
-
-def tokenizer_dir(cfg: WorkflowConfig) -> Optional[str]:
-    """The local tokenizer directory, or None for the built-in byte-level tokenizer."""
-    m = cfg.model
-    if m.tokenizer:
-        return m.tokenizer
-    if m.init == ModelInit.pretrained and m.name_or_path:
-        return m.name_or_path
-    return None
 
 
 def tokenizer_has_template(directory: str) -> Optional[bool]:
@@ -78,7 +68,7 @@ def _check_template(cfg: WorkflowConfig, r: ValidationReport) -> None:
         return
     if not uses_template:
         return
-    directory = tokenizer_dir(cfg)
+    directory = tokenizer_source(cfg.model)
     fix = f"data.chat_template={sorted(SHIPPED_TEMPLATES)[0]} (or a Jinja template string)"
     if directory is None:
         r.error("data.chat_template", None,

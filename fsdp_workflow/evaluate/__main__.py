@@ -93,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     run_dir, step = Path(args[0]).absolute(), int(args[1])
     record = evaluate_step(run_dir, step)
-    append_result(run_layout(load_run_config(run_dir)), record)
+    append_result(RunDir.of(run_dir), record)  # evals.jsonl sits in the run dir itself
     print(json.dumps(record, sort_keys=True))
     return EXIT_FAILURE if record["status"] == "failed" else EXIT_OK
 

@@ -320,7 +320,6 @@ def render_post_checkpoint(plan: LaunchPlan, job: SbatchJob) -> str:
     first, so sbatch does not take them for the new job's settings.
     """
     layout = plan.layout
-    snapshot_parent = layout.eval_snapshot(0).parent
     cmd = sbatch_argv(job, plan.run_dir, extra=("--dependency=singleton",)) + [Expand("${STEP}")]
     strip = "|".join(f"{p}*" for p in JOB_STATE_PREFIXES)
     lines = [
@@ -336,7 +335,7 @@ def render_post_checkpoint(plan: LaunchPlan, job: SbatchJob) -> str:
         f'for n in $(compgen -e); do case "$n" in SLURM_CONF) ;; {strip}) unset "$n";; esac; done',
         "unset " + " ".join(JOB_STATE_NAMES),
         f"src={shell_word(str(layout.checkpoints))}/{STEP_PREFIX}$STEP",
-        f"snap={shell_word(str(snapshot_parent))}/{STEP_PREFIX}$STEP",
+        f"snap={shell_word(str(layout.pending_evals))}/{STEP_PREFIX}$STEP",
         'rm -rf "$snap"; mkdir -p "${snap%/*}"',
         'cp -al "$src" "$snap"',
         "eval_id=$(" + shell_join(cmd) + ")",

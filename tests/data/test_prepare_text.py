@@ -118,3 +118,10 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "d.jsonl:1" in capsys.readouterr().err
     write_jsonl(path, [{"text": "fine"}])
     assert main([str(tmp_path / "run"), "--workers", "1"]) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_data_num_workers_sets_the_prepare_processes(tmp_path: Path, workers: int) -> None:
+    """``data.num_workers`` is what prepare uses when no ``--workers`` is given (recorded in meta.json)."""
+    cfg = make_cfg(tmp_path / "run", source=DataSource.text, path=str(CORPUS), num_workers=workers)
+    assert prepare(cfg, progress=False).meta["workers"] == workers
