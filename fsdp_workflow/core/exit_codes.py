@@ -7,6 +7,18 @@ the rendered job scripts (which decide what to do with each code).
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected error: a traceback was printed
 EXIT_USAGE = 2  # bad config or arguments: a message naming the key was printed, nothing ran
+EXIT_DISK_FULL = 74  # EX_IOERR: a save hit ENOSPC/EDQUOT; the previous checkpoint is intact, free space and resubmit
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: preempted or out of time, a checkpoint was saved; requeue me
+EXIT_PEER_TIMEOUT = 76  # EX_PROTOCOL: a collective timed out (cluster.rdzv_timeout_s): another rank stopped answering
 # torchrun reports any failed worker as 1, so the job scripts requeue on the run directory's
 # marker (fsdp_workflow.core.rundir.REQUEUE_MARKER) rather than on this code alone.
+
+#: What each code means, for ``status`` and the job logs.
+MEANINGS = {
+    EXIT_OK: "finished",
+    EXIT_FAILURE: "failed (see the traceback in the log)",
+    EXIT_USAGE: "refused: bad config or arguments",
+    EXIT_DISK_FULL: "disk full during a save; the previous checkpoint is intact",
+    EXIT_REQUEUE: "preempted after a checkpoint; requeue",
+    EXIT_PEER_TIMEOUT: "a rank stopped answering; a collective timed out",
+}

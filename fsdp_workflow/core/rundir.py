@@ -13,6 +13,8 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       logs/                                                   job logs (or cluster.log_dir)
       checkpoints/step-N/                                     complete checkpoints
       checkpoints/step-N.tmp/  step-N.deleting/               being written / being pruned: never a checkpoint
+      checkpoints/step-N.corrupt/                             failed verification at resume: set aside, never deleted
+      heartbeats/rank-R.json                                  each rank's last sign of life (names a hung rank)
       hf_assets/                                              config.json, tokenizer (written once by the trainer)
       hf_model/                                               the consolidated model (or consolidate.output_dir)
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
@@ -68,6 +70,8 @@ STEP_PREFIX = "step-"
 STEP_RE = re.compile(r"^step-(\d+)$")
 TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
+QUARANTINE_SUFFIX = ".corrupt"  # a step-N that failed verification, renamed aside (never deleted)
+HEARTBEATS_DIR = "heartbeats"
 DCP_METADATA = ".metadata"  # written last by DCP's coordinator
 DEEPSPEED_LATEST = "latest"  # written last by DeepSpeed's save_checkpoint
 
@@ -256,6 +260,30 @@ class RunDir:
     def list_checkpoints(self) -> List[Tuple[int, Path]]:
         """Complete checkpoints, oldest first."""
         return list_checkpoints(self.checkpoints)
+
+    def quarantine_path(self, step: int) -> Path:
+        """A free ``step-N.corrupt[-K]`` name to set a checkpoint that failed verification aside."""
+        base = self.checkpoints / (step_name(step) + QUARANTINE_SUFFIX)
+        path, k = base, 1
+        while path.exists():
+            k += 1
+            path = base.with_name(f"{base.name}-{k}")
+        return path
+
+    def quarantined(self) -> List[Path]:
+        """Checkpoints set aside by :meth:`quarantine_path` renames, by name."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir()
+                      if QUARANTINE_SUFFIX in p.name and p.name.startswith(STEP_PREFIX))
+
+    @property
+    def heartbeats(self) -> Path:
+        """One small JSON file per rank, rewritten every few seconds while it trains."""
+        return self.root / HEARTBEATS_DIR
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / f"rank-{int(rank)}.json"
 
     def latest_checkpoint(self) -> Optional[Tuple[int, Path]]:
         found = self.list_checkpoints()
