@@ -6,8 +6,13 @@
 Jobs come from ``RUN_DIR/jobs.txt`` (written at submission). Their states come
 from ``scontrol show job`` (answers without accounting, for MinJobAge after the
 end), then ``sacct`` for jobs slurmctld has forgotten; when accounting is
-disabled that is said, not hidden. Exit code 0, or 2 when RUN_DIR is not a run
-directory.
+disabled that is said, not hidden. A training job's restarts come from
+``scontrol`` (``Restarts``), else from the ``restart k/M`` lines its batch script
+logs. Also shown: the trainer's ``train_exit.json`` (code, meaning, reason), and
+which checkpoints resume will use: complete ``step-N`` that fail the cheap
+:func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` check are named
+with the reason resume will skip them, and ``step-N.corrupt`` ones set aside.
+Exit code 0, or 2 when RUN_DIR is not a run directory.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.checkpoint_health import checkpoint_problem
+from fsdp_workflow.core.exit_codes import EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.rundir import CONFIG_FILE, JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
@@ -38,6 +44,10 @@ _STATES = {
     "BOOT_FAIL": "failed", "DEADLINE": "failed", "PREEMPTED": "failed", "SPECIAL_EXIT": "failed",
 }
 _FIELD_SPLIT = re.compile(r" (?=[A-Za-z][A-Za-z0-9_/:]*=)")
+# train.sbatch logs "[fsdp_workflow] train job N restart K/MAX ..." at every start (and when it refuses one).
+_RESTART_LINE = re.compile(r"^\[fsdp_workflow\] .*\brestart (\d+)/(\d+)\b")
+# What train.sbatch says when the requeues are spent (either route); shown as a note.
+_OUT_OF_REQUEUES = "cluster.max_requeues="
 
 
 @dataclass
@@ -48,17 +58,22 @@ class JobStatus:
     slurm_state: str = ""
     reason: str = ""  # Slurm's reason (Dependency, BeginTime, DependencyNeverSatisfied, ...)
     exit_code: str = ""
-    restarts: int = 0
+    restarts: int = 0  # times Slurm requeued it: scontrol's Restarts, else the log's "restart K/MAX" lines
+    max_requeues: Optional[int] = None  # cluster.max_requeues, as the training job's log states it
     source: str = ""  # scontrol, sacct, or why neither answered
     log: Optional[str] = None
+    message: str = ""  # the batch script's last word on requeueing ("out of requeues"), if any
 
 
 @dataclass
 class RunStatus:
     run_dir: str
     jobs: List[JobStatus] = field(default_factory=list)
-    latest_checkpoint_step: Optional[int] = None
-    checkpoint_steps: List[int] = field(default_factory=list)
+    latest_checkpoint_step: Optional[int] = None  # the newest checkpoint resume would use
+    checkpoint_steps: List[int] = field(default_factory=list)  # complete checkpoints that pass the health check
+    skipped_checkpoints: List[dict] = field(default_factory=list)  # {"step", "path", "problem"}: resume skips them
+    quarantined: List[str] = field(default_factory=list)  # step-N.corrupt directories set aside at resume
+    train_exit: Optional[dict] = None  # train_exit.json plus "meaning" of its exit code
     requeue_marker: bool = False
     consolidated_dir: str = ""
     consolidated: str = "absent"  # absent, present, verified, verification failed
@@ -110,8 +125,12 @@ def _from_scontrol(job_id: str) -> Optional[Dict[str, str]]:
 
 
 def _from_sacct(job_id: str) -> tuple:
-    """(record or None, note). sacct may be disabled: the note says so."""
-    proc = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,Reason,Restarts"])
+    """(record or None, note). sacct may be disabled: the note says so.
+
+    sacct has no restart count (22.05 refuses a ``Restarts`` field): :func:`job_status`
+    takes it from the training log instead.
+    """
+    proc = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,Reason"])
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).strip()
         if "disabled" in msg.lower():
@@ -120,15 +139,38 @@ def _from_sacct(job_id: str) -> tuple:
     for line in proc.stdout.splitlines():
         cols = line.split("|")
         if len(cols) >= 2 and cols[0] == job_id:
-            cols += [""] * (5 - len(cols))
-            return {"JobState": cols[1], "ExitCode": cols[2], "Reason": cols[3],
-                    "Restarts": cols[4] or "0"}, ""
+            cols += [""] * (4 - len(cols))
+            return {"JobState": cols[1], "ExitCode": cols[2], "Reason": cols[3]}, ""
     return None, "unknown to sacct"
 
 
 def _log_for(layout: RunDir, role: str, job_id: str) -> Optional[str]:
     log = layout.log_file(role, job_id)
     return str(log) if log.exists() else None
+
+
+def restarts_from_log(log: Path) -> tuple:
+    """What a training log says about requeues.
+
+    Returns:
+        (highest K, MAX) of the batch script's ``restart K/MAX`` lines, or (None, None)
+        when there is none, and the last line saying the requeues are spent ("" if none).
+    """
+    restarts = max_requeues = None
+    message = ""
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = _RESTART_LINE.match(line)
+                if m:
+                    k, top = int(m.group(1)), int(m.group(2))
+                    restarts = k if restarts is None else max(restarts, k)
+                    max_requeues = top
+                    if _OUT_OF_REQUEUES in line:
+                        message = line.strip()
+    except OSError:
+        pass
+    return restarts, max_requeues, message
 
 
 def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
@@ -145,8 +187,26 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
             st.restarts = int(rec.get("Restarts", "0") or 0)
         except ValueError:
             st.restarts = 0
+    if st.log is not None and role == "train":
+        logged, st.max_requeues, st.message = restarts_from_log(Path(st.log))
+        if logged is not None and (rec is None or "Restarts" not in rec):
+            st.restarts = logged  # slurmctld forgot the job (sacct keeps no restart count)
+    if rec is not None:
         st.status = classify(st.slurm_state, st.restarts, st.reason)
     return st
+
+
+def _train_exit(layout: RunDir) -> Optional[dict]:
+    """``train_exit.json`` with the meaning of its code (None when the trainer never finished a run)."""
+    try:
+        rec = json.loads(layout.train_exit.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    code = rec.get("exit_code")
+    rec["meaning"] = MEANINGS.get(code, "unknown exit code") if isinstance(code, int) else "no exit code recorded"
+    return rec
 
 
 def _data_summary(layout: RunDir) -> Optional[dict]:
@@ -176,9 +236,17 @@ def collect(run_dir: Path) -> RunStatus:
         rs.jobs.append(job_status(layout, role, job_id))
     if not rs.jobs:
         rs.notes.append(f"no {JOBS_FILE}: nothing was submitted from this run directory yet")
-    # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one)
-    rs.checkpoint_steps = [step for step, _ in layout.list_checkpoints()]
+    # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one),
+    # and of those the ones resume would not skip (a truncated shard, a garbled .metadata)
+    for step, path in layout.list_checkpoints():
+        problem = checkpoint_problem(path)
+        if problem is None:
+            rs.checkpoint_steps.append(step)
+        else:
+            rs.skipped_checkpoints.append({"step": step, "path": str(path), "problem": problem})
     rs.latest_checkpoint_step = rs.checkpoint_steps[-1] if rs.checkpoint_steps else None
+    rs.quarantined = [str(p) for p in layout.quarantined()]
+    rs.train_exit = _train_exit(layout)
     rs.requeue_marker = layout.requeue_marker.exists()
     rs.data = _data_summary(layout)
     out = layout.hf_model
@@ -208,13 +276,26 @@ def format_text(rs: RunStatus) -> str:
         extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
                  f"exit {j.exit_code}" if j.exit_code and j.status in ("done", "failed", "cancelled") else "",
                  f"restarts {j.restarts}" if j.restarts else ""]
+        if j.restarts and j.max_requeues is not None:
+            extra[-1] += f" (cluster.max_requeues={j.max_requeues})"
         detail = ", ".join(x for x in extra if x) or j.source
         lines.append(f"  {j.role:<12} {j.job_id:>8}  {j.status:<10} ({detail})")
         if j.log:
             lines.append(f"  {'':<12} {'':>8}  log: {j.log}")
+        if j.message:
+            lines.append(f"  {'':<12} {'':>8}  {j.message}")
+    if rs.train_exit is not None:
+        te = rs.train_exit
+        lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
+                     + (f": {te['reason']}" if te.get("reason") else "")
+                     + (f" at step {te['step']}" if te.get("step") is not None else ""))
     step = rs.latest_checkpoint_step
     lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
                  + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))
+    for bad in rs.skipped_checkpoints:
+        lines.append(f"checkpoint step {bad['step']}: resume will skip it: {bad['problem']}")
+    for path in rs.quarantined:
+        lines.append(f"set aside as corrupt: {path}")
     if rs.data is not None:
         train = rs.data.get("train") or {}
         counts = (f"{train.get('samples')} samples, {train.get('tokens')} tokens, {train.get('trained_tokens')} trained"
