@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Mapping
 
 from fsdp_workflow.container.wrap import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
-from fsdp_workflow.core.exit_codes import EXIT_REQUEUE, EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_USAGE
 from fsdp_workflow.core.rundir import (
     EVAL_SBATCH,
     LAUNCH_ENV_FILE,
@@ -168,6 +168,11 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
     return lines
 
 
+# How to go on once the requeues are spent; part of a double-quoted echo in train.sbatch.
+CONTINUE_HINT = ("To continue from the newest checkpoint, resubmit with checkpoint.resume=auto (the default), "
+                 f"e.g. bash $RUN_DIR/{SUBMIT_SCRIPT}, or raise cluster.max_requeues.")
+
+
 def requeue_lines() -> List[str]:
     """Right after the training step, in the batch shell: requeue (bounded) or pass the exit code on.
 
@@ -183,9 +188,29 @@ def requeue_lines() -> List[str]:
         '    scontrol requeue "$SLURM_JOB_ID"',
         f"    exit {EXIT_REQUEUE}",
         "  fi",
-        '  echo "[fsdp_workflow] preempted again but out of requeues ($MAX_REQUEUES): failing" >&2',
+        '  echo "[fsdp_workflow] preempted again at restart ${SLURM_RESTART_COUNT:-0}/$MAX_REQUEUES, out of '
+        'requeues (cluster.max_requeues=$MAX_REQUEUES): failing. ' + CONTINUE_HINT + '" >&2',
         "fi",
         'exit "$rc"',
+    ]
+
+
+def requeue_guard_lines() -> List[str]:
+    """First thing in the batch shell: refuse a run past ``cluster.max_requeues``.
+
+    :func:`requeue_lines` bounds the requeues this script asks for, but Slurm also
+    requeues on its own (preemption with PreemptMode=REQUEUE, a node failure, an
+    admin's ``scontrol requeue``), and those bypass it. Counting restarts here
+    bounds every route: the run after the ``max_requeues``-th requeue fails at once.
+    """
+    return [
+        "# Slurm requeues on its own too (preemption, node failure, scontrol requeue): bound every route.",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt "$MAX_REQUEUES" ]; then',
+        '  echo "[fsdp_workflow] train job $SLURM_JOB_ID restart $SLURM_RESTART_COUNT/$MAX_REQUEUES: requeued more '
+        'often than cluster.max_requeues=$MAX_REQUEUES allows (by Slurm: preemption, node failure or scontrol '
+        'requeue); failing before training starts. ' + CONTINUE_HINT + '" >&2',
+        f"  exit {EXIT_FAILURE}",
+        "fi",
     ]
 
 
@@ -219,6 +244,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         *site_env_lines(plan),
         *_run_dir_lines(plan),
         f"MAX_REQUEUES={plan.max_requeues}",
+        *requeue_guard_lines(),
         # forget a marker left by an earlier run: it would turn a later failure into "requeue me"
         f"rm -f {_in_run_dir(REQUEUE_MARKER)}",
         *exports(plan.nccl_env),

@@ -101,3 +101,39 @@ def wait_batch_gone(job_id: int, nodes: List[str], timeout_s: float = 60) -> Non
     # slurmd revokes the old run's credential with 1-second resolution; a relaunch in
     # the same second is refused ("Job credential revoked") and the job FAILS.
     time.sleep(2.5)
+
+
+def wait_for_log_text(run_dir: Path, job_id: int, text: str, timeout_s: float = 120, count: int = 1) -> str:
+    """Wait until ``text`` appears ``count`` times in the job's log while the job still runs; return the log.
+
+    Fails at once (with every log of the run) if the job ends or leaves PENDING/RUNNING first.
+    """
+    import time
+
+    log_path = run_dir / "logs" / f"train-{job_id}.out"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if log.count(text) >= count:
+            return log
+        state = su.job_state(job_id)
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} is {state}\n{logs(run_dir)}"
+        assert time.monotonic() < deadline, f"{text!r} not seen {count}x in {timeout_s} s\n{logs(run_dir)}"
+        time.sleep(0.3)
+
+
+def release_after_requeue(job_id: int, nodes: List[str], timeout_s: float = 120) -> dict:
+    """A job that was requeued (by itself or ``scontrol requeue``): wait until it is PENDING and
+    its old batch script is gone from every node, then make it eligible now. Returns its record."""
+    su.wait_for_state(job_id, {"PENDING"}, timeout_s=timeout_s)
+    wait_batch_gone(job_id, nodes)
+    return su.release_requeued(job_id, timeout_s=timeout_s)
+
+
+def cancel_unfinished(ids: Dict[str, int]) -> None:
+    """Cleanup: cancel every job of the run that has not ended (a failed assertion must not leave
+    a training job holding the test cluster's CPUs)."""
+    for job_id in ids.values():
+        rec = su.show_job(job_id)
+        if rec is not None and rec.get("JobState") not in su.TERMINAL_STATES:
+            su._run(["scancel", str(job_id)], check=False)

@@ -145,6 +145,11 @@ def release_requeued(job_id: int | str, timeout_s: float = 60,
     return rec
 
 
+def exclude_nodes(job_id: int | str, nodes: Iterable[str], env: Mapping[str, str] | None = None) -> None:
+    """``scontrol update JobId=N ExcNodeList=...``: a pending job will not run on these nodes."""
+    _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], env=env)
+
+
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
     """``scontrol show hostnames NODELIST`` -> ["n1", "n2"]."""
     return _run(["scontrol", "show", "hostnames", nodelist], env=env).stdout.split()
