@@ -5,8 +5,9 @@ Run on every rank, with ``RUN_DIR/launch.env`` exported::
     set -a; . RUN_DIR/launch.env; set +a
     torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
 
-Exit codes: 0 done, 2 bad config (message printed), 75 preempted after a
-checkpoint (requeue), 1 unexpected error.
+Exit codes: 0 done, 2 bad config (message printed), 74 disk full during a save,
+75 preempted after a checkpoint (requeue), 76 a collective timed out (a rank
+stopped answering; the message names it), 1 unexpected error.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_PEER_TIMEOUT, EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +31,18 @@ def main(argv: list[str] | None = None) -> int:
 
     _log_placement()
     try:
-        return train(args[0])
+        code = train(args[0])
     except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
         rank = os.environ.get("RANK", "0")
         print(f"fsdp_workflow.train [rank {rank}]: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    if code == EXIT_PEER_TIMEOUT:
+        # The process group's threads may still wait on the rank that stopped answering:
+        # leave now rather than in interpreter shutdown (the reason is already recorded).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _log_placement() -> None:

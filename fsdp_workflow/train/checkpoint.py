@@ -5,6 +5,7 @@ Layout (a contract with the consolidator; names from :mod:`fsdp_workflow.core.ru
     RUN_DIR/checkpoints/step-N/        a complete checkpoint (DCP .metadata, or DeepSpeed's latest)
     RUN_DIR/checkpoints/step-N.tmp     being written (or left by a crash): ignored by every reader
     RUN_DIR/checkpoints/step-N.deleting  being pruned: ignored by every reader
+    RUN_DIR/checkpoints/step-N.corrupt   failed verification at resume: set aside, never deleted
 
 A :class:`Checkpointer` saves and loads a mapping of ``Stateful`` parts
 (:mod:`.state`): :class:`~.checkpointers.DcpCheckpointer` with
@@ -13,13 +14,18 @@ with DeepSpeed's engine. Both write into ``step-N.tmp`` and hand the commit to
 :class:`CheckpointDir`: rank 0 renames it to ``step-N`` once every rank's part is
 on disk, fsyncs the directory, prunes to ``checkpoint.keep_last`` (renaming
 ``step-N`` away before deleting it) and runs the post-checkpoint hook
-(:mod:`.hooks`). A crash at any point leaves at most a ``*.tmp`` or ``*.deleting``.
+(:mod:`.hooks`). A crash at any point leaves at most a ``*.tmp`` or ``*.deleting``;
+a save that fails on a full disk removes its ``*.tmp`` (:class:`CheckpointSaveError`).
+Resuming with ``auto`` takes the newest checkpoint that passes
+:func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` and sets the
+ones that fail aside as ``step-N.corrupt``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
@@ -27,17 +33,29 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.core import rundir
+from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train.hooks import PostCheckpointHook
 
-# Test hook: seconds to sleep after the shards are written and before .metadata
-# and the rename, so a test can kill -9 the job in the middle of a save.
-SAVE_DELAY_ENV = "FSDP_WORKFLOW_TEST_SAVE_DELAY_S"
 NO_RESUME = ("none", "false", "no", "")
 
 
 class CheckpointError(FileNotFoundError):
     """``checkpoint.resume`` names something that is not a complete checkpoint, or one refused as unsafe."""
+
+
+class CheckpointSaveError(OSError):
+    """A save failed on a full disk: ``step-N.tmp`` was removed, the previous checkpoint is intact.
+
+    Attributes:
+        step: the step whose save failed.
+        detail: the underlying error, e.g. ``[Errno 28] No space left on device: '.../__1_0.distcp'``.
+    """
+
+    def __init__(self, step: int, tmp: Path, detail: str) -> None:
+        super().__init__(f"disk full while saving checkpoint step {step} into {tmp}: {detail}")
+        self.step = step
+        self.detail = detail
 
 
 class Checkpointer(Protocol):
@@ -102,6 +120,11 @@ class CheckpointDir:
         """Wait for the last hook (it may still need its checkpoint)."""
         self.hook.wait()
 
+    def abandon(self, step: int) -> None:
+        """Rank 0: remove a failed save's ``step-N.tmp`` (it is never a checkpoint; this frees its space)."""
+        if self.rank == 0:
+            shutil.rmtree(self.run.step_tmp(step), ignore_errors=True)
+
     def _prune(self) -> None:
         if self.keep_last <= 0:
             return
@@ -121,8 +144,7 @@ class CheckpointDir:
         if r.lower() in NO_RESUME:
             return None
         if r.lower() == "auto":
-            latest = self.run.latest_checkpoint()
-            return latest[1] if latest else None
+            return self.newest_whole()
         path = Path(r)
         if not rundir.is_complete_checkpoint(path):
             raise CheckpointError(
@@ -132,6 +154,31 @@ class CheckpointDir:
                 f"here: {[str(p) for _, p in self.run.list_checkpoints()]}"
             )
         return path
+
+
+    def newest_whole(self) -> Optional[Path]:
+        """The newest checkpoint that passes :func:`checkpoint_problem`; older ones are never touched.
+
+        Rank 0 checks, newest first, and renames each one that fails to
+        ``step-N.corrupt`` (never deletes it) with a warning naming it and why; the
+        other ranks get rank 0's answer, so all load the same step.
+        """
+        chosen: list[Optional[str]] = [None]
+        if self.rank == 0:
+            for step, path in reversed(self.run.list_checkpoints()):
+                problem = checkpoint_problem(path)
+                if problem is None:
+                    chosen[0] = str(path)
+                    break
+                aside = self.run.quarantine_path(step)
+                os.replace(path, aside)
+                rundir.fsync_dir(self.run.checkpoints)
+                print(f"[fsdp_workflow] warning: skipping checkpoint {path}: {problem}. "
+                      f"Moved it to {aside} (kept for inspection); resuming from an older one.",
+                      file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            dist.broadcast_object_list(chosen, src=0)
+        return Path(chosen[0]) if chosen[0] else None
 
 
 def barrier() -> None:

@@ -17,18 +17,18 @@ training loop's path depends on it.
 
 from __future__ import annotations
 
-import os
-import time
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, NoReturn, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.schema import CheckpointConfig
-from fsdp_workflow.train.checkpoint import SAVE_DELAY_ENV, CheckpointDir, Checkpointer, CheckpointError, barrier
+from fsdp_workflow.train import fault_hooks
+from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointError, CheckpointSaveError, barrier
+from fsdp_workflow.train.failures import disk_full_detail
 from fsdp_workflow.train.parallel import Prepared
 from fsdp_workflow.train.safe_load import (
     SafeFileSystemReader, SafeLoadPlanner, check_dcp_metadata, check_deepspeed_pickles,
@@ -41,6 +41,10 @@ ENGINE_PARTS = frozenset({"model", "optimizer"})
 class DcpCheckpointer:
     """Checkpoints of ``Stateful`` parts with ``torch.distributed.checkpoint``.
 
+    A save that fails on a full disk raises :class:`~.checkpoint.CheckpointSaveError`
+    on every rank (DCP shares each rank's failure with all) after rank 0 removed
+    its ``step-N.tmp``.
+
     Args:
         directory: where saves are written and committed.
         async_save: ``checkpoint.async_save``: saves that are not ``blocking`` run in the background.
@@ -52,15 +56,20 @@ class DcpCheckpointer:
         self.async_save = async_save
         self.async_group = async_group
         self._pending: Optional[Tuple[Any, int]] = None  # (future, step)
+        self._fault = fault_hooks.from_env()  # None unless a reliability test asks for one
 
     def save(self, step: int, parts: Mapping[str, Stateful], *, blocking: bool = False) -> None:
         self.wait()  # one save in flight at a time
-        writer = _writer(self.dir.begin(step))
-        if self.async_save and not blocking:
-            # The parts' state_dict() runs now; only the write happens in the background.
-            self._pending = (dcp.async_save(dict(parts), storage_writer=writer, process_group=self.async_group), step)
-            return
-        dcp.save(dict(parts), storage_writer=writer)
+        tmp = self.dir.begin(step)
+        writer = fault_hooks.save_writer(tmp, step, self.dir.rank, self._fault)
+        try:
+            if self.async_save and not blocking:
+                # The parts' state_dict() runs now; only the write happens in the background.
+                self._pending = (dcp.async_save(dict(parts), storage_writer=writer, process_group=self.async_group), step)
+                return
+            dcp.save(dict(parts), storage_writer=writer)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            _raise_save_failure(self.dir, step, exc)
         self.dir.commit(step)
         barrier()
 
@@ -82,7 +91,10 @@ class DcpCheckpointer:
             return
         future, step = self._pending
         self._pending = None
-        future.result()
+        try:
+            future.result()
+        except BaseException as exc:
+            _raise_save_failure(self.dir, step, exc)
         self.dir.commit(step)
 
     def close(self) -> None:
@@ -105,7 +117,10 @@ class DeepSpeedCheckpointer:
         """Always blocking: DeepSpeed's save is synchronous."""
         tmp = self.dir.begin(step)
         client_state = {key: part.state_dict() for key, part in parts.items() if key not in ENGINE_PARTS}
-        self.engine.save_checkpoint(str(tmp), tag=f"global_step{step}", client_state=client_state)
+        try:
+            self.engine.save_checkpoint(str(tmp), tag=f"global_step{step}", client_state=client_state)
+        except BaseException as exc:
+            _raise_save_failure(self.dir, step, exc)
         barrier()  # every rank's partition is on disk
         self.dir.commit(step)
         barrier()
@@ -135,35 +150,32 @@ class DeepSpeedCheckpointer:
         self.dir.close()
 
 
-def make_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared: Prepared) -> Checkpointer:
+def _raise_save_failure(directory: CheckpointDir, step: int, exc: BaseException) -> NoReturn:
+    """Re-raise a failed save; on a full disk, as :class:`CheckpointSaveError` after removing ``step-N.tmp``."""
+    tmp = directory.run.step_tmp(step)
+    detail = disk_full_detail(exc, tmp)
+    if detail is None:
+        raise exc
+    directory.abandon(step)
+    raise CheckpointSaveError(step, tmp, detail) from exc
+
+
+def make_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared: Prepared,
+                      timeout_s: float) -> Checkpointer:
     """The checkpointer for ``prepared.strategy``: DeepSpeed's engine, or DCP for everything else.
 
     Args:
         directory: ``RUN_DIR/checkpoints`` for this rank.
         cfg: the ``checkpoint`` group.
         prepared: the wrapped model and how it was wrapped.
+        timeout_s: the collective timeout (``cluster.rdzv_timeout_s``) for the background-save
+            group; ``new_group`` would otherwise give it the 30-minute default.
 
     Returns:
         A :class:`~.checkpoint.Checkpointer`. Every rank must call this (it may create a process group).
     """
     if prepared.strategy == "deepspeed":
         return DeepSpeedCheckpointer(directory, prepared.model)
-    group = dist.new_group(backend="gloo") if cfg.async_save and dist.is_initialized() else None
+    group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+             if cfg.async_save and dist.is_initialized() else None)
     return DcpCheckpointer(directory, cfg.async_save, group)
-
-
-class _DelayedWriter(FileSystemWriter):
-    """FileSystemWriter that pauses before writing ``.metadata`` (tests only)."""
-
-    def __init__(self, *args: Any, delay_s: float, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._delay_s = delay_s
-
-    def finish(self, metadata: Any, results: Any) -> None:
-        time.sleep(self._delay_s)
-        super().finish(metadata, results)
-
-
-def _writer(tmp: Path) -> FileSystemWriter:
-    delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
-    return _DelayedWriter(tmp, delay_s=delay) if delay > 0 else FileSystemWriter(tmp)

@@ -18,8 +18,10 @@ one all-reduce carrying the loss and the preemption flag, metrics, maybe evaluat
 checkpoint rank 0 runs ``RUN_DIR/post_checkpoint.sh STEP`` if the planner wrote
 one (:mod:`.hooks`).
 
-Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config, 75 preempted
-(a checkpoint of the current step was saved; requeue), 1 anything else.
+Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config, 74 disk
+full during a save (the previous checkpoint is intact), 75 preempted (a checkpoint
+of the current step was saved; requeue), 76 a collective timed out (the message
+names the rank and host that stopped answering, from :mod:`.heartbeat`), 1 anything else.
 Rank 0 also writes ``RUN_DIR/train_exit.json`` with the code, the reason and the
 last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
 """
@@ -40,13 +42,16 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, WorkflowConfig
-from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
+from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
-from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer
+from fsdp_workflow.train import fault_hooks
+from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
+from fsdp_workflow.train.failures import collective_timeout
+from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
@@ -196,6 +201,8 @@ class Session:
     flag: PreemptionFlag
     flops_per_token: float
     peak_tflops: float
+    beat: Heartbeat
+    fault: Optional[fault_hooks.TestOnlyFault]  # None unless a reliability test injects one
 
 
 @dataclass
@@ -209,15 +216,39 @@ class Outcome:
 
 
 def main(run_dir_arg: str) -> int:
-    """Train the run in ``run_dir_arg`` on this rank; return the process exit code."""
+    """Train the run in ``run_dir_arg`` on this rank; return the process exit code.
+
+    A full disk during a save and a collective that timed out end as named exits
+    (:func:`failed_outcome`); anything else propagates as a traceback (exit 1).
+    """
     run = RunDir.of(Path(run_dir_arg).resolve())
     cfg = load_run_config(run.root)
     strategy = parallel.requested_strategy()
     parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
     ranks = Ranks.start(cfg)
+    beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
+    try:
+        outcome = run_session(run, cfg, strategy, ranks, beat)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        outcome = failed_outcome(exc, run, cfg, ranks, beat)
+    finally:
+        beat.stop()
+    if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE) and dist.is_initialized():
+        # Rank 0 wrote train_exit.json and .requeue first, so no rank exits (and no
+        # srun --kill-on-bad-exit fires) before the job script can read them.
+        dist.barrier()
+        dist.destroy_process_group()
+    return outcome.exit_code
+
+
+def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, beat: Heartbeat) -> Outcome:
+    """Build everything this rank trains with, resume, train, and record how it ended (rank 0)."""
     torch.manual_seed(cfg.train.seed)
     flag = PreemptionFlag().install()
 
+    beat.phase = "loading data and model"
     tokenizer = load_tokenizer(cfg.model)
     train_src, held_src = open_sources(cfg, pad_token_id(tokenizer))
     batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.rank, ranks.world)
@@ -229,7 +260,8 @@ def main(run_dir_arg: str) -> int:
     rng = StepRng(cfg.train.seed, ranks.rank)
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
-    checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared)
+    checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
+    beat.phase = "resuming"
     resume_from = checkpoints.resume_path(cfg.checkpoint.resume)
     if resume_from is not None:
         checkpointer.load(resume_from, parts)
@@ -243,7 +275,7 @@ def main(run_dir_arg: str) -> int:
               f"grad_accum {ranks.grad_accum}")
 
     session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
-                      guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops))
+                      guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env())
     try:
         outcome = train(session, resumed=resume_from is not None)
         if ranks.rank == 0:
@@ -252,12 +284,34 @@ def main(run_dir_arg: str) -> int:
         log.close()
         flag.uninstall()
         checkpointer.close()  # the last post-checkpoint hook may still need its checkpoint
-    if dist.is_initialized():
-        # Rank 0 wrote train_exit.json and .requeue first, so no rank exits (and no
-        # srun --kill-on-bad-exit fires) before the job script can read them.
-        dist.barrier()
-        dist.destroy_process_group()
-    return outcome.exit_code
+    return outcome
+
+
+def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat) -> Outcome:
+    """A full disk or a collective timeout as a named :class:`Outcome` (recorded); anything else re-raised.
+
+    Raises:
+        BaseException: ``exc`` itself when it is neither.
+    """
+    latest = run.latest_checkpoint()
+    last_saved = latest[0] if latest else None
+    if isinstance(exc, CheckpointSaveError):
+        outcome = Outcome(EXIT_DISK_FULL, f"{exc} (checkpoints: {run.checkpoints}; the previous checkpoint "
+                          f"{last_saved if last_saved is not None else '(none)'} is intact). Free space or set "
+                          "checkpoint.keep_last lower, then resubmit with checkpoint.resume=auto", beat.step, last_saved)
+    elif collective_timeout(exc) is not None:
+        who = who_stopped(run, ranks.world, ranks.rank)
+        outcome = Outcome(EXIT_PEER_TIMEOUT, f"rank {ranks.rank} waited {cfg.cluster.rdzv_timeout_s} s "
+                          f"(cluster.rdzv_timeout_s) in '{beat.phase}' and timed out: {who}", beat.step, last_saved)
+        kill_stopped_local_peers(run, ranks.world, ranks.rank)
+    else:
+        raise exc
+    # A timeout is seen by the ranks still answering, which may not include rank 0.
+    if ranks.rank == 0 or outcome.exit_code == EXIT_PEER_TIMEOUT:
+        record_exit(run, outcome)
+    else:
+        print(f"[fsdp_workflow] rank {ranks.rank}: {outcome.reason}", file=sys.stderr, flush=True)
+    return outcome
 
 
 def train(s: Session, resumed: bool) -> Outcome:
@@ -270,11 +324,19 @@ def train(s: Session, resumed: bool) -> Outcome:
     Returns:
         How training ended.
     """
-    cfg, save = s.cfg, s.checkpointer.save
+    cfg = s.cfg
+
+    def save(step: int, parts: Mapping[str, Stateful], blocking: bool = False) -> None:
+        s.beat.phase = f"saving step {step}"
+        s.checkpointer.save(step, parts, blocking=blocking)
     last_saved = s.rng.step if resumed else None
     every = cfg.checkpoint.every_steps
     s.trainee.prepared.model.train()
     while s.rng.step < cfg.train.max_steps:
+        s.beat.step = s.rng.step
+        s.beat.phase = f"step {s.rng.step + 1}"
+        if s.fault is not None:
+            s.fault.at_step(s.rng.step + 1, s.ranks.rank)
         record, stop = optimizer_step(s)
         step = s.rng.step
         if cfg.train.eval_every_steps and s.held_out is not None and step % cfg.train.eval_every_steps == 0:

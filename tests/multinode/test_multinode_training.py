@@ -212,6 +212,26 @@ def _job_processes(job_id: int) -> list[int]:
     return out
 
 
+def _rank1_on_n2(run_dir: Path, train_id: int, env: dict, min_steps: int) -> int:
+    """The pid of rank 1 once ``min_steps`` steps are logged, checked to be this job's rank 1 in n2's namespace."""
+    deadline = time.monotonic() + 120
+    victim = None
+    while time.monotonic() < deadline:
+        ranks = rank_lines(train_logs(run_dir, train_id))
+        if 1 in ranks and len(metrics(run_dir)) >= min_steps:
+            victim = int(ranks[1]["pid"])
+            break
+        assert su.job_state(train_id, env=env) in ("PENDING", "RUNNING"), all_logs(run_dir)
+        time.sleep(0.5)
+    assert victim is not None, f"rank 1 never reached step {min_steps}\n{all_logs(run_dir)}"
+    assert ranks[1]["host"] == "n2"
+    assert _netns_inode(f"/proc/{victim}/ns/net") == _netns_inode("/var/run/netns/n2")
+    venv = _environ(victim)
+    assert (venv.get("RANK"), venv.get("SLURM_JOB_ID")) == ("1", str(train_id))
+    assert "fsdp_workflow.train" in Path(f"/proc/{victim}/cmdline").read_text()
+    return victim
+
+
 def test_killing_the_rank_on_n2_fails_the_job_promptly_and_cancels_consolidation(two_node_cluster, tmp_path):
     """SIGKILL the rank on n2 mid-run: torchrun on n2 exits non-zero, ``srun --kill-on-bad-exit``
     ends n1's task, the training job is FAILED within seconds (its time limit is 20 min),
@@ -225,23 +245,7 @@ def test_killing_the_rank_on_n2_fails_the_job_promptly_and_cancels_consolidation
     ids = jobs(run_dir)
     train_id, cons_id = ids["train"], ids["consolidate"]
 
-    deadline = time.monotonic() + 120
-    victim = None
-    while time.monotonic() < deadline:
-        ranks = rank_lines(train_logs(run_dir, train_id))
-        if 1 in ranks and len(metrics(run_dir)) >= 10:
-            victim = int(ranks[1]["pid"])
-            break
-        assert su.job_state(train_id, env=env) in ("PENDING", "RUNNING"), all_logs(run_dir)
-        time.sleep(0.5)
-    assert victim is not None, f"rank 1 never reached step 10\n{all_logs(run_dir)}"
-
-    # Make sure the pid is rank 1 of this job, living in n2's network namespace.
-    assert ranks[1]["host"] == "n2"
-    assert _netns_inode(f"/proc/{victim}/ns/net") == _netns_inode("/var/run/netns/n2")
-    venv = _environ(victim)
-    assert (venv.get("RANK"), venv.get("SLURM_JOB_ID")) == ("1", str(train_id))
-    assert "fsdp_workflow.train" in Path(f"/proc/{victim}/cmdline").read_text()
+    victim = _rank1_on_n2(run_dir, train_id, env, min_steps=10)
     steps_before = len(metrics(run_dir))
 
     os.kill(victim, signal.SIGKILL)
@@ -266,3 +270,43 @@ def test_killing_the_rank_on_n2_fails_the_job_promptly_and_cancels_consolidation
         time.sleep(0.5)
     assert not left, f"processes of job {train_id} still alive: {left}"
     print(f"training job {train_id} FAILED {ended_s:.1f} s after the kill of pid {victim} on n2")
+
+
+HANG_TIMEOUT_S = 15  # cluster.rdzv_timeout_s for the hang test
+# After the timeout: the rank on n1 reads the heartbeats, records the reason and exits;
+# srun --kill-on-bad-exit then ends n2's task (the stopped process included). About 5 s here.
+HANG_MARGIN_S = 30
+
+
+def test_a_rank_that_hangs_on_n2_fails_the_job_within_the_timeout_and_is_named(two_node_cluster, tmp_path):
+    """SIGSTOP the rank on n2 mid-run (it neither dies nor answers): the rank on n1 times out in
+    its next collective after ``cluster.rdzv_timeout_s``, names rank 1 on n2 from the heartbeats
+    (exit 76 in train_exit.json), the job is FAILED within the timeout plus a margin, nothing of
+    it is left on either node, and the consolidation is CANCELLED."""
+    env = two_node_cluster.env
+    run_dir = tmp_path / "hanging run"
+    run_cli(run_dir, *TWO_NODES, "train.max_steps=20000", "checkpoint.every_steps=0",
+            f"cluster.rdzv_timeout_s={HANG_TIMEOUT_S}", env=env)
+    ids = jobs(run_dir)
+    train_id, cons_id = ids["train"], ids["consolidate"]
+    victim = _rank1_on_n2(run_dir, train_id, env, min_steps=5)
+    os.kill(victim, signal.SIGSTOP)
+    t_stop = time.monotonic()
+    rec = su.wait_for_job(train_id, timeout_s=HANG_TIMEOUT_S + 90, env=env)
+    ended_s = time.monotonic() - t_stop
+    assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
+    assert ended_s < HANG_TIMEOUT_S + HANG_MARGIN_S, f"job ended {ended_s:.0f} s after the stop\n{all_logs(run_dir)}"
+
+    exit_rec = json.loads((run_dir / "train_exit.json").read_text())
+    assert exit_rec["exit_code"] == 76, exit_rec
+    assert f"rank 1 on n2 (pid {victim}) stopped answering" in exit_rec["reason"], exit_rec
+    assert f"waited {HANG_TIMEOUT_S} s (cluster.rdzv_timeout_s)" in exit_rec["reason"]
+    assert f"rank 1 on n2 (pid {victim}) stopped answering" in train_logs(run_dir, train_id)
+
+    cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
+    assert cons["Reason"] == "DependencyNeverSatisfied", cons
+    deadline = time.monotonic() + 20
+    while (left := _job_processes(train_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of job {train_id} still alive: {left}"
+    print(f"training job {train_id} FAILED {ended_s:.1f} s after SIGSTOP of pid {victim} on n2")

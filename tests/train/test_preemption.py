@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
-from fsdp_workflow.train.checkpoint import SAVE_DELAY_ENV
+from fsdp_workflow.train.fault_hooks import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
     alive, child_pids, kill_tree, log_text, losses, rank_pids, start_cli, start_node_script, wait_for_step,
@@ -94,8 +97,23 @@ def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> 
     assert not (run / REQUEUE_MARKER).exists()
 
 
+def _tensors(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint (model, optimizer state), loaded in this one process."""
+    from fsdp_workflow.train.safe_load import SafeFileSystemReader, SafeLoadPlanner
+
+    md = SafeFileSystemReader(str(step_dir)).read_metadata()
+    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+             for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(step_dir)), planner=SafeLoadPlanner(), no_dist=True)
+    return state
+
+
 def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_path: Path) -> None:
-    """Resume from step-10, hang the step-20 save before .metadata, kill -9 everything, resume again."""
+    """Resume from step-10, hang the step-20 save before .metadata, kill -9 everything, resume again.
+
+    The straight run saves asynchronously (checkpoint.async_save=true), so the kill lands in
+    the middle of a background save; the resumed run must end bit-identical to the straight one.
+    """
     run = write_scripts(copy_run(straight_run, tmp_path / "killed", checkpoints=(10,)))
     ckpts = run / "checkpoints"
     before = {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()}
@@ -126,3 +144,6 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-20"]
     ref, got = losses(straight_run), losses(run)  # last line of a step wins
     assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
+    want, have = _tensors(straight_run / "checkpoints" / "step-20"), _tensors(ckpts / "step-20")
+    assert sorted(want) == sorted(have) and any(k.startswith("optimizer.") for k in want)
+    assert [k for k in want if not torch.equal(want[k], have[k])] == []  # bit-identical, optimizer state included

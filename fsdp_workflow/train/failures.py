@@ -1,0 +1,98 @@
+"""Which failures the trainer turns into a named exit instead of a traceback.
+
+Two faults burn the most GPU time when they are reported as "exit code 1":
+
+* **A full disk during a save** (ENOSPC, or EDQUOT on quota'd filesystems). The
+  save fails in ``step-N.tmp``, which is never renamed, so the previous
+  checkpoint is intact; the trainer removes the partial directory (freeing the
+  space it took), exits :data:`~fsdp_workflow.core.exit_codes.EXIT_DISK_FULL`
+  and says which path filled.
+* **A collective that timed out** (``cluster.rdzv_timeout_s``): some rank
+  stopped answering. The trainer exits
+  :data:`~fsdp_workflow.core.exit_codes.EXIT_PEER_TIMEOUT` and names the rank
+  and host from the heartbeats (:mod:`.heartbeat`).
+
+DCP reports a failure on any rank to every rank as a ``CheckpointException``
+(a ``BaseException``) holding each rank's exception, so :func:`causes` walks
+those as well as ``__cause__`` / ``__context__``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+from typing import Iterator, Optional
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# gloo: "Timed out waiting 600000ms for recv operation to complete"; NCCL's watchdog:
+# "Watchdog caught collective operation timeout"; c10d store: "Socket Timeout" / "timed out".
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it: chained causes and DCP's per-rank failures."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(v[0] for v in failures.values()
+                        if isinstance(v, tuple) and v and isinstance(v[0], BaseException))
+
+
+def disk_full(exc: BaseException) -> Optional[OSError]:
+    """The ENOSPC/EDQUOT ``OSError`` behind ``exc``, if any."""
+    return next((e for e in causes(exc) if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS), None)
+
+
+# torch.save's zip writer turns a short write into "[enforce fail at inline_container.cc] unexpected
+# pos N vs M" and drops the errno; a filesystem this close to full explains such a failure.
+LOW_SPACE_BYTES = 16 * 2**20
+LOW_SPACE_FRACTION = 0.005
+
+
+def disk_full_detail(exc: BaseException, path: Path) -> Optional[str]:
+    """Why a failed save into ``path`` is a full disk, or None when it is not one.
+
+    Either an ENOSPC/EDQUOT ``OSError`` is behind ``exc``, or the filesystem holding
+    ``path`` is (nearly) full now: torch's zip writer reports a short write without
+    its errno, so the free space is the evidence left.
+    """
+    full = disk_full(exc)
+    if full is not None:
+        return describe_os_error(full)
+    try:
+        st = os.statvfs(path if path.exists() else path.parent)
+    except OSError:
+        return None
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if free < max(LOW_SPACE_BYTES, LOW_SPACE_FRACTION * total) or free < LOW_SPACE_BYTES:
+        first = str(exc).strip().splitlines()
+        return (f"[Errno {errno.ENOSPC}] No space left on device: '{path}' (its filesystem has {free} of {total} "
+                f"bytes free; torch reported {type(exc).__name__}: {first[-1] if first else ''})")
+    return None
+
+
+def collective_timeout(exc: BaseException) -> Optional[BaseException]:
+    """The distributed-backend timeout behind ``exc``, if any (gloo, NCCL or the store)."""
+    for e in causes(exc):
+        name = type(e).__name__
+        if isinstance(e, TimeoutError) or name in ("DistBackendError", "DistStoreError", "DistNetworkError") \
+                or (isinstance(e, RuntimeError) and _TIMEOUT.search(str(e))):
+            if _TIMEOUT.search(f"{name} {e}"):
+                return e
+    return None
+
+
+def describe_os_error(e: OSError) -> str:
+    """``[Errno 28] No space left on device: '/path'`` (with the path even when torch dropped it)."""
+    where = f": '{e.filename}'" if e.filename else ""
+    return f"[Errno {e.errno}] {e.strerror or errno.errorcode.get(e.errno or 0, '')}{where}"

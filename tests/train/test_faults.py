@@ -1,0 +1,150 @@
+"""Faults injected into real 2-rank gloo runs: a rank that hangs, a full disk, corrupt checkpoints.
+
+Each test starts the real trainer under torchrun (tests/train/runner.py) and
+injects the fault for real: a rank stopped with SIGSTOP (through the test-only
+hook ``FSDP_WORKFLOW_TEST_FAULT``, the only way to aim inside a save), a run
+directory on a small tmpfs that fills up during a save, checkpoint files
+truncated or garbled on disk. docs/reliability.md lists what each proves.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from fsdp_workflow.core.checkpoint_health import checkpoint_problem
+from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_PEER_TIMEOUT
+from fsdp_workflow.core.rundir import DCP_METADATA
+from fsdp_workflow.train.fault_hooks import FAULT_ENV
+from tests.train.conftest import copy_run
+from tests.train.runner import alive, descendants, launch, log_text, losses, make_run_dir, start
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 8  # cluster.rdzv_timeout_s for the hang tests
+# Beyond the timeout: the reporting rank reads the heartbeats and kills the stopped
+# local peer; torchrun then stops. Measured at about 3 s here; 20 s leaves room for a loaded CI.
+MARGIN_S = 20
+HANG = ["train.max_steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=0",
+        f"cluster.rdzv_timeout_s={TIMEOUT_S}"]
+
+
+def _exit_record(run: Path) -> dict:
+    return json.loads((run / "train_exit.json").read_text())
+
+
+def _hang(run: Path, fault: str) -> tuple[float, list[int]]:
+    """Run with ``fault``; return the seconds from the rank stopping to torchrun's exit, and every pid it had."""
+    proc = start(run, extra_env={FAULT_ENV: fault})
+    pids: set[int] = set()
+    stopped_at = None
+    try:
+        deadline = time.monotonic() + 120 + TIMEOUT_S + MARGIN_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            pids.update(descendants(proc.pid))
+            if stopped_at is None and "TEST FAULT" in log_text(run):
+                stopped_at = time.monotonic()
+            time.sleep(0.2)
+        assert proc.poll() is not None, f"the run did not end after the rank stopped:\n{log_text(run)}"
+    finally:
+        if proc.poll() is None:
+            for pid in descendants(proc.pid):
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+            proc.kill()
+            proc.wait()
+    assert stopped_at is not None, log_text(run)
+    return time.monotonic() - stopped_at, sorted(pids)
+
+
+def test_a_rank_that_stops_mid_run_fails_the_run_within_the_timeout_and_is_named(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path / "run", HANG)
+    took, pids = _hang(run, "stop@3:1")
+    log = log_text(run)
+    assert took < TIMEOUT_S + MARGIN_S, (took, log)
+    assert not [p for p in pids if alive(p)], "a process outlived the failed run"
+    rec = _exit_record(run)
+    assert rec["exit_code"] == EXIT_PEER_TIMEOUT, rec
+    assert f"waited {TIMEOUT_S} s (cluster.rdzv_timeout_s)" in rec["reason"]
+    assert "rank 1 on " in rec["reason"] and "stopped answering" in rec["reason"] and "'step 3'" in rec["reason"], rec
+    assert "rank 1 on" in log and "stopped answering" in log
+
+
+def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path / "run", HANG)
+    took, pids = _hang(run, "stop_in_save@4:1")
+    assert took < TIMEOUT_S + MARGIN_S, (took, log_text(run))
+    assert not [p for p in pids if alive(p)], "a process outlived the failed run"
+    rec = _exit_record(run)
+    assert rec["exit_code"] == EXIT_PEER_TIMEOUT and "rank 1 on " in rec["reason"], rec
+    assert "'saving step 4'" in rec["reason"], rec
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step-2", "step-4.tmp"], names  # never a step-4 without its .tmp
+    assert not (run / "checkpoints" / "step-4.tmp" / DCP_METADATA).exists()
+    assert checkpoint_problem(run / "checkpoints" / "step-2") is None
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 3.2 MB tmpfs (as root; CI runs as root): room for the data, the assets and one tiny checkpoint and a half.
+
+    A checkpoint of the smoke model with its optimizer state is about 1.8 MB, so the
+    first save fits and the second one, written while the first is still kept, runs
+    out of space part-way through.
+    """
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3200k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(small_fs: Path, async_save: bool) -> None:
+    run = make_run_dir(small_fs / "run", ["train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
+                                          f"checkpoint.async_save={str(async_save).lower()}"])
+    proc = launch(run)
+    log = log_text(run)
+    assert proc.returncode != 0, log
+    rec = _exit_record(run)
+    assert rec["exit_code"] == EXIT_DISK_FULL, rec
+    assert "No space left on device" in rec["reason"] and "[Errno 28]" in rec["reason"], rec
+    assert f"disk full while saving checkpoint step 4 into {run / 'checkpoints' / 'step-4.tmp'}" in rec["reason"], rec
+    assert "the previous checkpoint 2 is intact" in rec["reason"] and "checkpoint.resume=auto" in rec["reason"]
+    # The previous checkpoint is whole; the failed save left nothing behind (its space is free again).
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
+    assert checkpoint_problem(run / "checkpoints" / "step-2") is None
+    assert rec["checkpoint"] == str(run / "checkpoints" / "step-2")
+
+
+def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_newest_whole_one(
+        straight_run: Path, tmp_path: Path) -> None:
+    """step-20 with a truncated shard and step-15 with a garbled .metadata: resume from step-10, exactly."""
+    run = copy_run(straight_run, tmp_path / "run", checkpoints=(10, 20))
+    ckpts = run / "checkpoints"
+    shard = ckpts / "step-20" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-4096])
+    shutil.copytree(ckpts / "step-10", ckpts / "step-15")
+    meta = ckpts / "step-15" / DCP_METADATA
+    meta.write_bytes(meta.read_bytes()[:200] + bytes(64) + meta.read_bytes()[264:])
+    kept = {name: sorted((p.name, p.stat().st_size) for p in (ckpts / name).iterdir()) for name in ("step-15", "step-20")}
+
+    proc = launch(run)
+    log = log_text(run)
+    assert proc.returncode == 0, log
+    assert f"warning: skipping checkpoint {ckpts / 'step-20'}: shard {shard} is truncated" in log
+    assert f"warning: skipping checkpoint {ckpts / 'step-15'}: {meta} cannot be parsed" in log
+    assert f"resumed from {ckpts / 'step-10'} at step 10" in log
+    # Set aside by renaming, never deleted: the files are there as they were.
+    assert {name: sorted((p.name, p.stat().st_size) for p in (ckpts / f"{name}.corrupt").iterdir())
+            for name in ("step-15", "step-20")} == kept
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-15.corrupt", "step-20", "step-20.corrupt"]
+    ref, got = losses(straight_run), losses(run)
+    assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
