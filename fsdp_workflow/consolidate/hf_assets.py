@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fsdp_workflow.core.licences import licence_files
+
 from .errors import ConsolidationError
 from .keys import WRAPPER_CLASS_NAMES, fix_architecture
 from .report import JsonObject, JsonValue
@@ -35,12 +37,6 @@ _LICENCE_TITLES: list[tuple[re.Pattern[str], dict[str, str]]] = [
     (re.compile(r"\bmit license\b.*permission is hereby granted, free of charge", re.DOTALL), {"license": "mit"}),
 ]
 _LICENCE_HEAD_CHARS = 4000  # titles sit at the top; do not read a whole licence
-# The base model's terms, which its licence may require to travel with derivatives (Llama's
-# does): LICENSE, LICENSE.txt, LICENSE-MODEL, LICENCE.md, USE_POLICY.md, NOTICE, notice.txt...
-LICENCE_FILE_RE = re.compile(r"(licen[cs]e|use[_-]policy|notice|copying)([-_][a-z0-9]+)?(\.(txt|md|rst))?",
-                             re.IGNORECASE)
-
-
 def read_config(reference: Path) -> JsonObject:
     """Load ``reference/config.json`` as plain JSON (no transformers import).
 
@@ -117,20 +113,6 @@ def dominant_float_dtype(sizes: dict[str, int]) -> str:
     floats = {k: v for k, v in sizes.items() if k in ("float32", "bfloat16", "float16", "float64")}
     pool = floats or sizes
     return max(pool, key=lambda k: pool[k]) if pool else "float32"
-
-
-def licence_files(directory: Path) -> list[Path]:
-    """The licence, use-policy and notice files directly inside ``directory``, by name.
-
-    Args:
-        directory: A Hugging Face model directory (or any directory; a missing one has none).
-
-    Returns:
-        Regular files whose names match :data:`LICENCE_FILE_RE`, sorted.
-    """
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.is_file() and LICENCE_FILE_RE.fullmatch(p.name))
 
 
 def copy_licenses(sources: Path | Sequence[Path | None] | None, out: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """``RUN_DIR/hf_assets``: what the consolidator needs besides the weights, written once by rank 0.
 
-``config.json`` (with ``architectures`` set), ``generation_config.json`` and the
-tokenizer files, so the consolidated model loads with ``from_pretrained`` and
+``config.json`` (with ``architectures`` set), ``generation_config.json``, the
+tokenizer files and, for a pretrained base, its licence files and README.md, so the consolidated model loads with ``from_pretrained`` and
 ``AutoTokenizer.from_pretrained``. Written into a temporary directory and
 renamed, so the consolidator never sees half of it.
 """
@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_workflow.core import rundir
+from fsdp_workflow.core.licences import licence_files
 from fsdp_workflow.core.rundir import RunDir
 
 HF_CONFIG_FILE = "config.json"  # transformers' name; its presence means the assets are complete
+BASE_CARD_FILE = "README.md"  # the base model's card: its front matter declares the licence
 
 
-def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], tokenizer: Any) -> Path:
+def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], tokenizer: Any,
+                   base_dir: Optional[str] = None) -> Path:
     """Write the model's config, generation config and tokenizer to ``RUN_DIR/hf_assets`` once.
 
     Call on rank 0 only.
@@ -29,6 +32,10 @@ def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], t
         config: the model's ``PretrainedConfig`` (from the unwrapped build).
         generation_config: the model's ``GenerationConfig``; None derives one from ``config``.
         tokenizer: the tokenizer training used.
+        base_dir: the pretrained model's directory (``model.name_or_path`` with ``init=pretrained``):
+            its licence files and README.md (whose front matter declares the licence) are kept
+            too, since the base model's terms must travel with derivatives and the directory may
+            not exist where the consolidation job runs.
 
     Returns:
         The ``hf_assets`` directory.
@@ -50,6 +57,11 @@ def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], t
         config.use_cache = use_cache
     (generation_config or GenerationConfig.from_model_config(config)).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    base = Path(base_dir) if base_dir else None
+    if base is not None and base.is_dir():
+        for src in [*licence_files(base), base / BASE_CARD_FILE]:
+            if src.is_file():
+                shutil.copy2(src, tmp / src.name)
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
-from fsdp_workflow.config.schema import Device, WorkflowConfig
+from fsdp_workflow.config.schema import Device, ModelInit, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
@@ -254,7 +254,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.rank, ranks.world)
     trainee = build_trainee(cfg, ranks, strategy)
     if ranks.rank == 0:
-        save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer)
+        base = cfg.model.name_or_path if cfg.model.init == ModelInit.pretrained else None
+        save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer, base_dir=base)
     num_params, fpt = model_flops_per_token(trainee, cfg)
 
     rng = StepRng(cfg.train.seed, ranks.rank)
