@@ -90,9 +90,9 @@ def consolidate(
     selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
     source = resolve_source(Path(src), out, selection)
     try:
-        plan = plan_output(source, out_dtype=CLI_DTYPES[dtype] if dtype is not None else None, weights=weights,
-                           max_shard_bytes=max_bytes)
-        settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress)
+        out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
+        plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
+        settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype, weights)
         with staging_dir(out) as staging:
             written = write_output(source, plan, staging, settings)
             report = verify_output(source, plan, written, verify=verify, from_pretrained_max_bytes=from_pretrained_max_bytes)

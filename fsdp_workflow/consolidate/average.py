@@ -6,8 +6,6 @@ with the number of checkpoints averaged.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .casting import FLOAT_NAMES, from_f32, to_f32
 from .errors import ConsolidationError
 from .metadata import dtype_info
@@ -31,6 +29,8 @@ def accumulate(sources: list[SourceTensor], weights: list[float], out_dtype: str
 
     Non-floating tensors (step counters, int buffers) are taken from the last source.
     """
+    import numpy as np
+
     shape = sources[0].shape
     for s in sources[1:]:
         if s.shape != shape:
@@ -51,6 +51,8 @@ def accumulate(sources: list[SourceTensor], weights: list[float], out_dtype: str
 
 
 def _read_full(src: SourceTensor) -> bytes:
+    import numpy as np
+
     item = dtype_info(src.dtype)[1]
     out = np.zeros(src.numel * item, dtype=np.uint8).reshape(*src.shape, item) if src.shape else np.zeros(item, np.uint8)
     for chunk in src.chunks:

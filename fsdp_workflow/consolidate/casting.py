@@ -2,16 +2,21 @@
 
 numpy has no bfloat16, so bf16 is handled as uint16 bit patterns: widening is a shift,
 narrowing rounds to nearest even and maps every NaN to 0x7FC0, as ``c10::BFloat16`` does.
+numpy is imported only when a cast runs: a plain consolidation with ``--no-verify`` never
+needs it, and its import is a tenth of such a run's time.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-_NP = {
-    "float64": np.float64, "float32": np.float32, "float16": np.float16,
-    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
-    "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "bool": np.bool_,
+if TYPE_CHECKING:
+    import numpy as np
+
+_NP = {  # numpy dtype names
+    "float64": "float64", "float32": "float32", "float16": "float16",
+    "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
+    "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
 }
 FLOAT_NAMES = ("float64", "float32", "float16", "bfloat16")
 CLI_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -20,6 +25,8 @@ CLI_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "fl
 
 def to_f32(buf: bytes | memoryview, dtype: str) -> np.ndarray:
     """Decode bytes of ``dtype`` into a float32 array (copying)."""
+    import numpy as np
+
     if dtype == "bfloat16":
         return (np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
     if dtype in _NP:
@@ -29,6 +36,8 @@ def to_f32(buf: bytes | memoryview, dtype: str) -> np.ndarray:
 
 def from_f32(arr: np.ndarray, dtype: str) -> bytes:
     """Encode a float32 array as ``dtype`` bytes, rounding like torch."""
+    import numpy as np
+
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == "bfloat16":
         u = arr.view(np.uint32)
@@ -43,6 +52,8 @@ def from_f32(arr: np.ndarray, dtype: str) -> bytes:
 
 def cast_bytes(buf: bytes | memoryview, src: str, dst: str) -> bytes:
     """Convert raw tensor bytes from ``src`` to ``dst`` dtype (both floating point)."""
+    import numpy as np
+
     if src == dst:
         return bytes(buf)
     if src in ("float64", "float16") and dst in ("float64", "float16", "float32") and "bfloat16" not in (src, dst):

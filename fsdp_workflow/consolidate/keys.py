@@ -9,7 +9,10 @@ Training state beside the model (optimizer, scheduler, dataloader, ...) is skipp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .errors import ConsolidationError
+from .reader import SourceTensor
 
 # Top-level DCP keys that are never model weights (trainer, Accelerate, torchtitan, Lightning).
 NON_MODEL_ROOTS = frozenset({
@@ -20,6 +23,8 @@ NON_MODEL_ROOTS = frozenset({
 WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 # Roots stripped when every model key shares them.
 STRIPPABLE_ROOTS = ("model", "state_dict", "module", "_forward_module")
+TIED_OUTPUT_NAMES = ("lm_head.weight", "embed_out.weight")
+TIED_INPUT_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
 _BASE_MODEL_PARTS = frozenset({"layers", "embed_tokens", "norm", "h", "wte", "decoder", "encoder"})
 
 
@@ -86,3 +91,27 @@ def fix_architecture(name: str) -> str:
 
 
 WRAPPER_CLASS_NAMES = frozenset({"FullyShardedDataParallel", "DistributedDataParallel", "OptimizedModule", "CheckpointWrapper", "DataParallel"})
+
+
+@dataclass(frozen=True)
+class TiedPair:
+    """An output embedding config.json ties to the input embedding: written once, as the input."""
+
+    dropped: str  # e.g. lm_head.weight
+    kept: str  # e.g. model.embed_tokens.weight
+    dropped_source: SourceTensor  # in the newest checkpoint, to check the two were really equal
+    kept_source: SourceTensor
+
+
+def tied_pair(names: list[str], config: dict | None, newest: dict[str, SourceTensor]) -> TiedPair | None:
+    """The (output, input) embedding pair to write once, when config.json ties them and the shapes agree.
+
+    A naming rule like :func:`map_keys`, so the planner and the verifier both call it.
+    """
+    if not config or config.get("tie_word_embeddings") is not True:
+        return None
+    out = next((n for n in TIED_OUTPUT_NAMES if n in newest), None)
+    inp = next((n for n in names if n.endswith(TIED_INPUT_SUFFIXES) and n != out), None)
+    if out and inp and newest[out].shape == newest[inp].shape:
+        return TiedPair(out, inp, newest[out], newest[inp])
+    return None

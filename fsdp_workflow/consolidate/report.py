@@ -15,13 +15,29 @@ JsonObject = Dict[str, JsonValue]
 PlainValue = Union[bool, int, float, str]
 
 
-class TensorEntry(TypedDict):
-    """One written tensor: its dtype and shape, its sha256, and whether it equals the source bytes."""
+# One written tensor: dtype, shape, the xxh3_128 of its bytes as read back from the file,
+# whether it matched the source (None: not compared), which comparison ran ("bytes",
+# "rounding", "average") and how many distinct source chunks were compared.
+TensorEntry = TypedDict("TensorEntry", {
+    "dtype": str,
+    "shape": List[int],
+    "xxh3_128": str,
+    "equal_to_source": Union[bool, None],
+    "check": str,
+    "chunks": int,
+})
 
-    dtype: str
-    shape: list[int]
-    sha256: str
-    equal_to_source: bool | None
+
+class ValuesReport(TypedDict):
+    """How the values were compared: counts, the comparisons used, and what was not derived independently."""
+
+    compared: int
+    checks: dict[str, str]
+    checksum: str
+    chunks: int
+    chunks_listed: int
+    reader: str
+    notes: list[str]
 
 
 class ArchitectureEntry(TypedDict):
@@ -101,6 +117,8 @@ class VerificationReport(_VerificationCore, total=False):
     tied_lm_head: TiedReport
     assets_copied: list[str]
     tensors: dict[str, TensorEntry]
+    values: ValuesReport
+    files: list[str]
     architecture: ArchitectureEntry
     keys: KeyReport
     from_pretrained: FromPretrainedReport

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .arch_rules import ArchResult
 from .average import normalise_weights
@@ -31,27 +32,17 @@ from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
 from .hf_assets import copy_assets, dominant_float_dtype, write_config
-from .keys import map_keys
-from .reader import SourceTensor
-from .report import JsonObject, VerificationReport
+from .keys import TiedPair, map_keys, tied_pair
+from .report import VerificationReport
 from .source import Source
 from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
-from .writer import OutFile, OutTensor, StreamingWriter, TensorReport, plan_files, source_digest
+from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 
-TIED_OUTPUT_NAMES = ("lm_head.weight", "embed_out.weight")
-TIED_INPUT_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+if TYPE_CHECKING:
+    from .check import Outcome
+
 INDEX_FILE = "model.safetensors.index.json"
 VERIFICATION_FILE = "verification.json"
-
-
-@dataclass(frozen=True)
-class TiedPair:
-    """An output embedding config.json ties to the input embedding: written once, as the input."""
-
-    dropped: str  # e.g. lm_head.weight
-    kept: str  # e.g. model.embed_tokens.weight
-    dropped_source: SourceTensor  # in the newest checkpoint, to check the two were really equal
-    kept_source: SourceTensor
 
 
 @dataclass
@@ -67,11 +58,17 @@ class OutputPlan:
 
 @dataclass(frozen=True)
 class WriteSettings:
-    """How to write: threads, whether to hash and read back, whether to show a progress bar."""
+    """How to write: threads, whether to verify beside the copy, whether to show a progress bar.
+
+    ``out_dtype`` and ``weights`` are what the user asked for (not the plan's reading of it):
+    the verifier derives the expected output from them and the checkpoint on its own.
+    """
 
     workers: int
     verify: bool
     progress: bool
+    out_dtype: str | None = None  # cast floating tensors to this (None: keep)
+    weights: list[float] | None = None  # averaging weights as given (None: equal)
 
 
 @dataclass
@@ -79,11 +76,11 @@ class Written:
     """Step 3's result: what is in the staging directory, and the checks that ran beside the copy."""
 
     directory: Path
-    reports: dict[str, TensorReport]  # per tensor: sha256 and read-back equality (when verifying)
     tied_identical: bool | None  # the dropped tied tensor equalled the kept one (None: no tied pair)
     assets_copied: list[str]  # tokenizer and generation files taken from the reference
     architectures: list[str]  # as written to config.json
     architecture: ArchResult | None  # expected keys, computed in the background (verify + reference only)
+    outcome: Outcome | None = None  # the independent comparison with the checkpoint (verify only)
 
 
 def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] | None,
@@ -115,7 +112,7 @@ def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] |
     for c, m in zip(ckpts, mappings):
         c.check_files(list(m.values()))
     newest = {n: ckpts[-1].tensors[mappings[-1][n]] for n in names}
-    tied = _tied_pair(names, source.reference.config if source.reference else None, newest)
+    tied = tied_pair(names, source.reference.config if source.reference else None, newest)
     w = normalise_weights(weights, len(ckpts)) if len(ckpts) > 1 or weights else None
     tensors = []
     for n in names:
@@ -130,17 +127,6 @@ def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] |
         bytes_by_dtype[t.dtype] = bytes_by_dtype.get(t.dtype, 0) + t.nbytes
     return OutputPlan(tensors, plan_files(tensors, max_shard_bytes), sum(t.nbytes for t in tensors),
                       dominant_float_dtype(bytes_by_dtype), tied)
-
-
-def _tied_pair(names: list[str], config: JsonObject | None, newest: dict[str, SourceTensor]) -> TiedPair | None:
-    """The (output, input) embedding pair to write once, when config.json ties them and the shapes agree."""
-    if not config or config.get("tie_word_embeddings") is not True:
-        return None
-    out = next((n for n in TIED_OUTPUT_NAMES if n in newest), None)
-    inp = next((n for n in names if n.endswith(TIED_INPUT_SUFFIXES) and n != out), None)
-    if out and inp and newest[out].shape == newest[inp].shape:
-        return TiedPair(out, inp, newest[out], newest[inp])
-    return None
 
 
 @contextmanager
@@ -168,8 +154,9 @@ def staging_dir(out: Path) -> Iterator[Path]:
 def write_output(source: Source, plan: OutputPlan, staging: Path, settings: WriteSettings) -> Written:
     """Write the model into ``staging``: safetensors files, their index, config.json and tokenizer files.
 
-    The architecture check (with verification and a reference) and the tied-weight
-    digests run in background threads during the copy, which dominates the time.
+    The architecture check (with verification and a reference), the tied-weight digests
+    and the comparison of each written tensor with the checkpoint (:class:`~.check.Verifier`,
+    started as each tensor is finished) run in background threads during the copy.
 
     Args:
         source: The opened checkpoints and reference.
@@ -178,7 +165,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         settings: Threads, verification, progress bar.
 
     Returns:
-        What was written, with the per-tensor reports and background results.
+        What was written, with the background results.
 
     Raises:
         ConsolidationError: A shard does not hold what its metadata says.
@@ -192,9 +179,16 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = _Bar(plan.total_bytes) if settings.progress else None
+        from .check import Verifier  # numpy: only when verifying
+
+        verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
+                            workers=settings.workers, index_name=INDEX_FILE) if settings.verify else None
         try:
-            writer = StreamingWriter(staging, plan.files, settings.workers, bar, verify=settings.verify)
-            reports = writer.run()
+            StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
+        except BaseException:
+            if verifier:
+                verifier.close()
+            raise
         finally:
             if bar:
                 bar.close()
@@ -203,6 +197,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         index = {"metadata": {"total_size": plan.total_bytes},
                  "weight_map": {t.name: plan.files[t.file_index].name for t in plan.tensors}}
         (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    outcome = verifier.finish() if verifier else None
     arch = arch_check.result() if arch_check else None
     archs = ref.architectures if ref else []
     if arch and arch.architecture:  # a wrapper class name resolved from model_type
@@ -211,7 +206,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     if ref is not None:
         copied = copy_assets(ref.path, staging, ref.config)
         write_config(ref.config, staging, archs, plan.dtype)
-    return Written(staging, reports, tied_identical, copied, archs, arch)
+    return Written(staging, tied_identical, copied, archs, arch, outcome)
 
 
 class _Bar:
@@ -234,14 +229,17 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
                   from_pretrained_max_bytes: int) -> VerificationReport:
     """Check what was written and say so in a report (verification.json's content).
 
-    With ``verify``: every tensor equals its source bytes, the keys and shapes match the
-    architecture in config.json, and (under ``from_pretrained_max_bytes``) transformers
-    loads the result without complaint. Without it only the facts are recorded.
+    With ``verify``: the files parse with safetensors and hold the keys, dtypes and shapes
+    the checkpoint declares, every tensor's values equal the source's (:mod:`.check`, which
+    derives the expected output from the checkpoint again instead of trusting ``plan``), the
+    keys and shapes match the architecture in config.json, and (under
+    ``from_pretrained_max_bytes``) transformers loads the result without complaint. Without
+    it only the facts are recorded.
 
     Args:
         source: The opened checkpoints and reference.
-        plan: From :func:`plan_output`.
-        written: From :func:`write_output`.
+        plan: From :func:`plan_output` (its names are used only for the architecture check).
+        written: From :func:`write_output` (with verification, its ``outcome``).
         verify: Run the checks (else only record what was done).
         from_pretrained_max_bytes: Load the result with ``from_pretrained`` when smaller.
 
@@ -263,22 +261,17 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
     if source.reference is not None:
         report["assets_copied"] = written.assets_copied
     if verify:
-        _check_tensors(report, plan, written)
+        outcome = written.outcome
+        if outcome is None:
+            raise ConsolidationError("internal error: verification was asked for but the writer ran without it")
+        report["tensors"], report["values"], report["files"] = outcome.tensors, outcome.values, outcome.files
+        report["errors"] += outcome.errors
         if _check_architecture(report, plan, written) and source.reference is not None:
             _check_loading(report, plan, written, from_pretrained_max_bytes)
     if source.reference is None:
         report["notes"].append("no reference config.json found: wrote weights only, architecture checks skipped (pass --reference HF_DIR)")
     report["ok"] = not report["errors"]
     return report
-
-
-def _check_tensors(report: VerificationReport, plan: OutputPlan, written: Written) -> None:
-    reports = written.reports
-    report["tensors"] = {t.name: {"dtype": t.dtype, "shape": list(t.shape), "sha256": reports[t.name].sha256,
-                                  "equal_to_source": reports[t.name].equal_to_source} for t in plan.tensors}
-    bad = [t.name for t in plan.tensors if reports[t.name].equal_to_source is False]
-    if bad:
-        report["errors"].append(f"output differs from the source chunks for {bad[:5]}")
 
 
 def _check_architecture(report: VerificationReport, plan: OutputPlan, written: Written) -> bool:

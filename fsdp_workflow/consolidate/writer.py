@@ -4,20 +4,17 @@ Every output file is laid out before any tensor data is read: the JSON header is
 from the DCP metadata, the file is sized and its blocks reserved (``fallocate``), and
 worker threads (one tensor each, biggest first) fill each tensor at its final offset.
 
-With verification (the default) a tensor is assembled in output order, one slab at a time:
-each chunk's bytes for the slab are read once (cast if asked), the slab is written with one
-``pwrite``, hashed (sha256 in the same pass), read back from the output file and compared
-with the source bytes still in memory. The source is read once, the output written once
-and read once, and nothing is hashed twice; hashlib and the file calls release the GIL, so
-the threads keep every core busy. Without verification the same slabs are only read and
-written: ``copy_file_range`` was measured slower here (0.6 s against 0.35 s for 1.5 GB; the
-kernel splices page by page), so it is not used. Memory stays at two slabs per worker
-whatever the model size.
+A tensor is assembled in output order, one slab at a time: each chunk's bytes for the slab
+are read once (cast if asked) straight into the slab buffer and the slab is written with
+one ``pwrite``; the file calls release the GIL, so the threads keep every core busy.
+``copy_file_range`` was measured slower here (0.6 s against 0.35 s for 1.5 GB; the kernel
+splices page by page), so it is not used. Memory stays at one slab per worker whatever
+the model size. Nothing here checks what was written: :mod:`.check` does, through a path
+that shares none of this module's chunk placement.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -32,7 +29,7 @@ from .casting import cast_bytes
 from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor, chunk_runs
 
-SLAB_BYTES = 512 << 10  # assembled-output and read-back buffer, two per worker: small enough to stay in CPU cache between the write, the hash and the compare
+SLAB_BYTES = 512 << 10  # assembled-output buffer, one per worker
 _FALLOCATE: Callable[[int, int, int, int], int] | Literal[False] | None = None  # libc fallocate, False where unavailable; resolved on first use
 
 
@@ -54,13 +51,6 @@ class OutTensor:
     @property
     def nbytes(self) -> int:
         return self.sources[0].numel * dtype_info(self.dtype)[1]
-
-
-@dataclass
-class TensorReport:
-    sha256: str
-    equal_to_source: bool | None
-    first_mismatch: int | None = None
 
 
 @dataclass
@@ -111,22 +101,25 @@ def _pwrite_all(fd: int, data: memoryview | bytes, off: int) -> None:
 
 
 class StreamingWriter:
-    """Write planned files into ``out_dir``; report per-tensor checksums and equality.
+    """Write planned files into ``out_dir``.
 
     Args:
         out_dir: Directory to write into (the temporary sibling of the final output).
         files: Result of :func:`plan_files`.
-        workers: Threads doing copy + verification.
+        workers: Copy threads.
         on_bytes: Progress callback, called with bytes written.
-        verify: Hash every tensor and compare what was written with the source bytes.
+        on_done: Called (from the worker thread) when a tensor is written, with its name, its
+            file's name and the (offset, length) of every write made for it; the verifier
+            starts comparing it then.
     """
 
     def __init__(self, out_dir: Path, files: list[OutFile], workers: int = 4,
-                 on_bytes: Callable[[int], object] | None = None, verify: bool = True) -> None:
+                 on_bytes: Callable[[int], object] | None = None,
+                 on_done: Callable[[str, str, list[tuple[int, int]]], object] | None = None) -> None:
         self.out_dir = out_dir
+        self.on_done = on_done
         self.files = files
         self.workers = workers
-        self.verify = verify
         self._lock = threading.Lock()
         self._callback = on_bytes
         self._local = threading.local()
@@ -136,7 +129,7 @@ class StreamingWriter:
             with self._lock:
                 self._callback(n)
 
-    def run(self) -> dict[str, TensorReport]:
+    def run(self) -> None:
         fds = []
         try:
             for f in self.files:
@@ -148,25 +141,30 @@ class StreamingWriter:
             jobs = [t for f in self.files for t in f.tensors]
             jobs.sort(key=lambda t: -t.nbytes)  # big first balances the threads
             with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                results = list(pool.map(lambda t: self._one(fds[t.file_index], t), jobs))
-            return {t.name: r for t, r in zip(jobs, results)}
+                list(pool.map(lambda t: self._job(fds[t.file_index], t), jobs))
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _buffers(self) -> tuple[bytearray, bytearray]:
-        """This thread's slab buffers: the assembled output slab and its read-back."""
-        bufs = getattr(self._local, "bufs", None)
-        if bufs is None:
-            bufs = self._local.bufs = (bytearray(SLAB_BYTES), bytearray(SLAB_BYTES))
-        return bufs
+    def _buffer(self) -> bytearray:
+        """This thread's slab buffer."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(SLAB_BYTES)
+        return buf
 
-    def _one(self, fd: int, t: OutTensor) -> TensorReport:
+    def _job(self, fd: int, t: OutTensor) -> None:
+        ranges = self._one(fd, t)
+        if self.on_done is not None:
+            self.on_done(t.name, self.files[t.file_index].name, ranges)
+
+    def _one(self, fd: int, t: OutTensor) -> list[tuple[int, int]]:
+        """Write one tensor; returns the (offset, length) of every write."""
         if len(t.sources) > 1 or t.weights:
             data = accumulate(t.sources, t.weights or [1.0], t.dtype)
             _pwrite_all(fd, data, t.offset)
             self.on_bytes(len(data))
-            return TensorReport(hashlib.sha256(data).hexdigest() if self.verify else "", None)
+            return [(t.offset, len(data))]
         src = t.sources[0]
         handles = [ChunkHandle(c, src.dtype) for c in src.chunks]
         try:
@@ -175,15 +173,13 @@ class StreamingWriter:
             for h in handles:
                 h.close()
 
-    def _stream(self, fd: int, t: OutTensor, src: SourceTensor, handles: list[ChunkHandle]) -> TensorReport:
-        """Assemble, write and (with ``verify``) hash and check the tensor, slab by slab in output order."""
+    def _stream(self, fd: int, t: OutTensor, src: SourceTensor, handles: list[ChunkHandle]) -> list[tuple[int, int]]:
+        """Assemble and write the tensor, slab by slab in output order."""
         in_item, out_item = dtype_info(src.dtype)[1], dtype_info(t.dtype)[1]
         cast = src.dtype != t.dtype
-        buf, chk = self._buffers()
-        out_mv, chk_mv = memoryview(buf), memoryview(chk)
-        digest = hashlib.sha256() if self.verify else None
-        equal, mismatch = True, None
+        out_mv = memoryview(self._buffer())
         pieces = sorted(((d, s, n, h) for h in handles for s, d, n in chunk_runs(src.shape, h.chunk)), key=lambda r: r[0])
+        ranges: list[tuple[int, int]] = []
         for base, slab in _slabs(pieces, SLAB_BYTES // max(in_item, out_item)):
             if len(slab) == 1 and not cast:  # the usual case: the slab lies inside one run of one chunk
                 _d, s, n, h = slab[0]
@@ -192,18 +188,10 @@ class StreamingWriter:
             else:
                 end = self._gather(slab, base, out_mv, in_item, out_item, src.dtype, t.dtype)
             nbytes = (end - base) * out_item
-            pos = t.offset + base * out_item
-            _pwrite_all(fd, out_mv[:nbytes], pos)
+            _pwrite_all(fd, out_mv[:nbytes], t.offset + base * out_item)
+            ranges.append((t.offset + base * out_item, nbytes))
             self.on_bytes(nbytes)
-            if digest is None:
-                continue
-            digest.update(out_mv[:nbytes])
-            got = _pread_into(fd, chk_mv[:nbytes], pos)
-            if equal and (got != nbytes or not _same(buf, chk, nbytes)):
-                equal, mismatch = False, base + _first_diff(out_mv[:nbytes], chk_mv[:got]) // out_item
-        if digest is None:
-            return TensorReport("", None)
-        return TensorReport(digest.hexdigest(), equal, mismatch)
+        return ranges
 
     @staticmethod
     def _gather(slab: list[tuple[int, int, int, ChunkHandle]], base: int, out_mv: memoryview,
@@ -252,17 +240,6 @@ def _preallocate(fd: int, size: int) -> None:
         _FALLOCATE(fd, 0, 0, size)  # failure (EOPNOTSUPP, ENOSPC) leaves the sparse file; a real ENOSPC resurfaces on write
 
 
-def _pread_into(fd: int, mv: memoryview, off: int) -> int:
-    """Fill ``mv`` from ``fd`` at ``off``; returns the bytes read (short only at end of file)."""
-    done = 0
-    while done < len(mv):
-        n = os.preadv(fd, [mv[done:]], off + done)
-        if n == 0:
-            break
-        done += n
-    return done
-
-
 def _slabs(pieces: list[tuple[int, int, int, ChunkHandle]], step: int) -> Iterator[tuple[int, list[tuple[int, int, int, ChunkHandle]]]]:
     """Cut (dst, src, n, handle) runs, sorted by dst and tiling the tensor, into slabs of ``step`` elements."""
     slab: list[tuple[int, int, int, ChunkHandle]] = []
@@ -282,32 +259,15 @@ def _slabs(pieces: list[tuple[int, int, int, ChunkHandle]], step: int) -> Iterat
         yield base, slab
 
 
-def _same(a: bytearray, b: bytearray, n: int) -> bool:
-    """Equality of the first ``n`` bytes. Whole bytearrays compare with memcmp; memoryviews would compare byte by byte, 50x slower."""
-    if n == len(a) == len(b):
-        return a == b
-    return bytes(memoryview(a)[:n]) == bytes(memoryview(b)[:n])
-
-
-def _first_diff(a: memoryview, b: memoryview) -> int:
-    """Offset of the first differing byte (called only once equality has failed)."""
-    lo, hi = 0, min(len(a), len(b))
-    while hi - lo > 4096:  # halve with block compares, then scan the last few bytes
-        mid = (lo + hi) // 2
-        if bytes(a[lo:mid]) == bytes(b[lo:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return next((i for i in range(lo, hi) if a[i] != b[i]), hi)
-
-
 def source_digest(src: SourceTensor) -> str:
-    """sha256 of a source tensor's bytes in row-major order (used to compare tied weights)."""
+    """xxh3_128 of a source tensor's bytes in row-major order (used to compare tied weights)."""
+    import xxhash
+
     handles = [ChunkHandle(c, src.dtype) for c in src.chunks]
     try:
         item = dtype_info(src.dtype)[1]
         runs = sorted(((d, s, n, h) for h in handles for s, d, n in chunk_runs(src.shape, h.chunk)), key=lambda r: r[0])
-        digest = hashlib.sha256()
+        digest = xxhash.xxh3_128()
         step = SLAB_BYTES // item
         for _d, s, n, h in runs:
             for i in range(0, n, step):

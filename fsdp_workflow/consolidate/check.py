@@ -1,0 +1,270 @@
+"""Verify the written model against the checkpoint, through a path that shares nothing with the writer.
+
+Everything is driven by :mod:`.expect` (names, dtypes, shapes and chunks read from the
+checkpoint again) and by the output files themselves, never by the writer's plan:
+
+1. **Values** (:mod:`.compare`): every output tensor is read back at the offset its file's
+   header gives and compared with every source chunk, placed with numpy slicing. To overlap
+   with the copy (whose writes into one file the kernel serialises, leaving a core idle), a
+   tensor is compared as soon as the writer says it is finished; that message is only a
+   schedule. The writer also reports the byte ranges it wrote for the tensor, and any range
+   outside the tensor's own region (by the header) is an error, so no later write can
+   change a tensor already compared. Tensors the writer never announced are compared at
+   the end.
+2. **Files** (:func:`check_files`, at the end): every ``*.safetensors`` is opened with the
+   ``safetensors`` library (``safe_open(framework="numpy")``: headers, keys, dtypes and
+   shapes, no data loaded, no torch import); keys, dtypes, shapes and ``__metadata__`` must
+   be what the checkpoint declares, the header must be the one the values were read
+   through, and ``model.safetensors.index.json``'s weight map and total size must match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .compare import SLAB_BYTES, TensorCheck, compare_tensor
+from .errors import ConsolidationError
+from .expect import ExpectedModel, expected_model
+from .metadata import dtype_info
+from .report import TensorEntry, ValuesReport
+from .source import Source
+
+CHECKSUM = "xxh3_128"
+_CHECKS = {
+    "bytes": "byte equality with every source chunk, placed with numpy slicing",
+    "rounding": "each value is its source value rounded to nearest-even in the output dtype",
+    "average": "recomputed as sum(w_i * x_i) in float32 over every checkpoint, then checked for rounding",
+}
+_READER = ("source chunks located with zipfile and placed with numpy slicing, output read through its own "
+           "safetensors header; nothing shared with the writer's plan or chunk arithmetic")
+
+
+@dataclass
+class Located:
+    """Where a tensor is in the output, as the file's own header says."""
+
+    file: str
+    offset: int  # absolute offset of the data
+    dtype: str  # safetensors code, e.g. BF16
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass
+class Outcome:
+    """What verification found: problems, verification.json's per-tensor entries and its ``values`` summary."""
+
+    errors: list[str]
+    tensors: dict[str, TensorEntry]
+    values: ValuesReport
+    files: list[str] = field(default_factory=list)
+
+
+class Verifier:
+    """Compare the output with the checkpoint while it is written, then check the files.
+
+    Args:
+        source: The opened checkpoints (their paths, layout and reference are used, not the writer's index).
+        staging: The directory the writer fills.
+        out_dtype: The dtype floating tensors were asked to be cast to (None: kept).
+        weights: Averaging weights as the user gave them (None: equal).
+        workers: Comparison threads.
+        index_name: The index file's name.
+    """
+
+    def __init__(self, source: Source, staging: Path, *, out_dtype: str | None, weights: list[float] | None,
+                 workers: int, index_name: str) -> None:
+        self.staging = staging
+        self.index_name = index_name
+        self.layout = source.layout
+        self.errors: list[str] = []
+        try:
+            self.model: ExpectedModel | None = expected_model(source, out_dtype, weights)
+        except ConsolidationError as exc:
+            self.model = None
+            self.errors.append(f"cannot derive the expected output from the checkpoint: {exc}")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify")
+        self._lock = threading.Lock()
+        self._located: dict[str, Located] | None = None
+        self._fds: dict[str, int] = {}
+        self._futures: dict[str, Future[TensorCheck]] = {}
+        self._local = threading.local()
+
+    def written(self, name: str, file: str, ranges: list[tuple[int, int]]) -> None:
+        """The writer finished tensor ``name`` in ``file`` with these (offset, length) writes: compare it now.
+
+        Called from the writer's threads.
+        """
+        if self.model is None:
+            return
+        with self._lock:
+            located = self._locate()
+            loc = located.get(name)
+            if loc is None or loc.file != file:
+                self.errors.append(f"the writer wrote '{name}' into {file}, whose header does not list it")
+                return
+            stray = [(o, n) for o, n in ranges if o < loc.offset or o + n > loc.offset + loc.nbytes]
+            if stray:
+                self.errors.append(f"the writer wrote bytes {stray[:3]} of {file} for '{name}', outside its region "
+                                   f"[{loc.offset}, {loc.offset + loc.nbytes}) in the header")
+            if name in self.model.tensors and name not in self._futures:
+                self._futures[name] = self._pool.submit(self._compare, name, loc)
+
+    def _locate(self) -> dict[str, Located]:
+        """Parse the output headers once (the writer writes them before any tensor data)."""
+        if self._located is None:
+            self._located = {}
+            for path in sorted(self.staging.glob("*.safetensors")):
+                self._located.update(read_header(path))
+                self._fds[path.name] = os.open(path, os.O_RDONLY)
+        return self._located
+
+    def _compare(self, name: str, loc: Located) -> TensorCheck:
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = (np.empty(SLAB_BYTES, np.uint8), np.empty(SLAB_BYTES, np.uint8))
+        assert self.model is not None
+        return compare_tensor(self.model.tensors[name], loc.offset, self._fds[loc.file], loc.file, bufs)
+
+    def finish(self) -> Outcome:
+        """Compare what the writer did not announce, wait for every comparison, check the files."""
+        try:
+            if self.model is None:
+                return Outcome(self.errors, {}, _summary({}, []))
+            with self._lock:
+                located = self._locate()
+                for name in sorted(self.model.tensors, key=lambda n: -self.model.tensors[n].nbytes):  # type: ignore[union-attr]
+                    if name in located and name not in self._futures:
+                        self._futures[name] = self._pool.submit(self._compare, name, located[name])
+            results = {name: f.result() for name, f in self._futures.items()}
+            file_errors, final = check_files(self.staging, self.model, self.index_name)
+            if {k: (v.file, v.offset) for k, v in final.items()} != {k: (v.file, v.offset) for k, v in located.items()}:
+                file_errors.append("the safetensors headers changed after the values were compared")
+            return self._outcome(results, file_errors)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop comparing (pending comparisons are cancelled) and close the output files; safe to call twice."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def _outcome(self, results: dict[str, TensorCheck], file_errors: list[str]) -> Outcome:
+        assert self.model is not None
+        entries: dict[str, TensorEntry] = {}
+        for name, e in self.model.tensors.items():
+            r = results.get(name)
+            entries[name] = {"dtype": e.dtype, "shape": list(e.shape), "xxh3_128": r.checksum if r else "",
+                             "equal_to_source": r.equal if r else None, "check": r.check if r else "not compared",
+                             "chunks": r.chunks if r else 0}
+        errors = self.errors + file_errors
+        bad = sorted(n for n, r in results.items() if not r.equal)
+        if bad:
+            where = ", ".join(f"'{n}' (first difference at element {results[n].first_bad}, {results[n].check})" for n in bad[:5])
+            errors.append(f"output differs from the source for {len(bad)} tensor(s): {where}")
+        notes = []
+        if self.layout == "deepspeed":
+            notes.append("DeepSpeed: compared with the fp32 masters rebuilt from the ZeRO partitions; the rebuild itself "
+                         "is not derived a second time (tests compare it with DeepSpeed's zero_to_fp32)")
+        decoded = sorted(n for n, r in results.items() if r.decoded_by_torch)
+        if decoded:
+            notes.append(f"{len(decoded)} tensor(s) have chunks stored with stream transforms or strides, decoded by "
+                         f"DCP's own reader (as the writer does) and then placed and compared independently: {decoded[:5]}")
+        files = sorted(p.name for p in self.staging.glob("*.safetensors"))
+        return Outcome(errors, entries, _summary(results, notes), files)
+
+
+def _summary(results: dict[str, TensorCheck], notes: list[str]) -> ValuesReport:
+    kinds = sorted({r.check for r in results.values()})
+    return {"compared": len(results), "checks": {k: _CHECKS[k] for k in kinds}, "checksum": CHECKSUM,
+            "chunks": sum(r.chunks for r in results.values()), "chunks_listed": sum(r.listed for r in results.values()),
+            "reader": _READER, "notes": notes}
+
+
+def read_header(path: Path) -> dict[str, Located]:
+    """Tensor locations from a safetensors file's JSON header, read directly."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    return {k: Located(path.name, 8 + n + int(v["data_offsets"][0]), v["dtype"], tuple(v["shape"]),
+                       int(v["data_offsets"][1]) - int(v["data_offsets"][0]))
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def check_files(staging: Path, model: ExpectedModel, index_name: str) -> tuple[list[str], dict[str, Located]]:
+    """Parse every output file with safetensors and compare it with what the checkpoint declares.
+
+    Args:
+        staging: The written model.
+        model: What the checkpoint says the output holds.
+        index_name: The index file's name.
+
+    Returns:
+        The problems found (empty when none), and where each tensor is.
+    """
+    from safetensors import safe_open
+
+    errors: list[str] = []
+    files = sorted(p.name for p in staging.glob("*.safetensors"))
+    located: dict[str, Located] = {}
+    sizes: dict[str, int] = {}
+    for name in files:
+        path = staging / name
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                meta = f.metadata()
+                lib = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+        except Exception as exc:  # noqa: BLE001 - whatever safetensors refuses is the finding
+            errors.append(f"{name}: safetensors cannot open it: {type(exc).__name__}: {exc}")
+            continue
+        if meta != {"format": "pt"}:
+            errors.append(f"{name}: __metadata__ is {meta}, expected {{'format': 'pt'}}")
+        header = read_header(path)
+        for key, (dt, shape) in lib.items():
+            entry = header[key]
+            if (entry.dtype, entry.shape) != (dt, shape):
+                errors.append(f"{name}: '{key}' is {entry.dtype}{list(entry.shape)} in the header, {dt}{list(shape)} in safetensors")
+            if key in located:
+                errors.append(f"'{key}' is in both {located[key].file} and {name}")
+            located[key] = entry
+            sizes[key] = entry.nbytes
+    want, got = set(model.tensors), set(located)
+    if want != got:
+        errors.append(f"output tensors differ from the checkpoint's: missing {sorted(want - got)[:5]}, "
+                      f"unexpected {sorted(got - want)[:5]}")
+    for key in sorted(want & got):
+        e, loc = model.tensors[key], located[key]
+        if (dtype_info(e.dtype)[0], tuple(e.shape)) != (loc.dtype, loc.shape):
+            errors.append(f"'{key}' is {loc.dtype}{list(loc.shape)} in {loc.file}, the checkpoint says "
+                          f"{dtype_info(e.dtype)[0]}{list(e.shape)}")
+    errors += _check_index(staging, files, located, sizes, index_name)
+    return errors, located
+
+
+def _check_index(staging: Path, files: list[str], located: dict[str, Located], sizes: dict[str, int],
+                 index_name: str) -> list[str]:
+    index = staging / index_name
+    if not index.is_file():
+        return [] if files == ["model.safetensors"] else [f"{len(files)} safetensors files {files[:3]} but no {index_name}"]
+    data = json.loads(index.read_text())
+    weight_map = data.get("weight_map", {})
+    errors = []
+    if weight_map != {k: v.file for k, v in located.items()}:
+        wrong = sorted(k for k in set(weight_map) | set(located)
+                       if k not in located or weight_map.get(k) != located[k].file)
+        errors.append(f"{index_name}: weight_map disagrees with the files for {wrong[:5]}")
+    total = data.get("metadata", {}).get("total_size")
+    if total != sum(sizes.values()):
+        errors.append(f"{index_name}: metadata.total_size is {total}, the files hold {sum(sizes.values())} tensor bytes")
+    return errors
+
+

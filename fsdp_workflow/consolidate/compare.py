@@ -1,0 +1,203 @@
+"""The value pass of verification: one output tensor against its source chunks, in bounded memory.
+
+The output tensor is read back from its file in slabs, in order (so its checksum comes in the
+same pass), at the offset the file's own header gives. On each slab every source chunk that
+meets it is placed with numpy slicing, ``out[o0:o0+s0, o1:o1+s1, ...]``, from its bytes as
+:mod:`.expect` located them; no run arithmetic of the writer is used. Where the dtype is kept
+the bytes must be equal (``memcmp`` through ctypes, which releases the GIL, when both sides
+are contiguous); where it was cast every value must be the source value correctly rounded
+(:mod:`.rounding`); an averaged tensor is recomputed in float32 from every checkpoint, in the
+same order of operations as the writer's, then checked for rounding.
+
+Memory: two reusable slab buffers per thread, filled with ``os.preadv`` (no mmap, whose
+touched pages would count in RSS), plus float arrays of a smaller slab when values are
+decoded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from .expect import Expected, OpenChunk, open_chunk
+from .metadata import dtype_info
+from .rounding import badly_rounded, decode, patterns
+
+SLAB_BYTES = 1 << 20  # output bytes per slab when bytes are compared (two buffers of this per thread)
+ROUND_SLAB_BYTES = 64 << 10  # smaller when values are decoded to float64 for the rounding check
+_MEMCMP = ctypes.CDLL(None).memcmp
+_MEMCMP.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_MEMCMP.restype = ctypes.c_int
+
+
+@dataclass
+class TensorCheck:
+    """The value comparison of one tensor."""
+
+    equal: bool
+    check: str  # "bytes", "rounding" or "average"
+    checksum: str
+    first_bad: int | None  # flat element index of the first difference
+    chunks: int  # distinct chunks compared (each replica listing points at the same bytes)
+    listed: int  # chunks as .metadata lists them, replicas included
+    decoded_by_torch: bool  # some chunk needed DCP's decoder (stream transform, strides)
+
+
+def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.ndarray, np.ndarray]) -> TensorCheck:
+    """Compare one output tensor (at ``offset`` in ``fd``, the file ``name``) with its source chunks.
+
+    Args:
+        e: The tensor as the checkpoint says it should be.
+        offset: Where its data starts in the output file, as the file's header says.
+        fd: The output file, open for reading.
+        name: The output file's name, for messages.
+        bufs: Two byte buffers of :data:`SLAB_BYTES`, reused across calls.
+
+    Returns:
+        What was compared and whether it matched, with the checksum of the output bytes.
+    """
+    import xxhash
+
+    opened: list[list[OpenChunk]] = []
+    try:
+        for _fqn, dt, chunks in e.sources:
+            opened.append([])
+            for c in chunks:
+                opened[-1].append(open_chunk(c, dt, dtype_info(dt)[1]))
+        kind = "average" if e.weights else ("bytes" if e.sources[-1][1] == e.dtype else "rounding")
+        if e.weights and e.sources[-1][1] not in _FLOATS:
+            kind, opened = "bytes", opened[-1:]  # integer tensors come from the last step
+        digest = xxhash.xxh3_128()
+        first_bad = _walk(e, offset, fd, name, kind, opened, digest, bufs)
+        flat = [o for per in opened for o in per]
+        return TensorCheck(first_bad is None, kind, digest.hexdigest(), first_bad, len(flat),
+                           sum(o.box.listed for o in flat), any(o.decoded_by_torch for o in flat))
+    finally:
+        for per in opened:
+            for o in per:
+                o.close()
+
+def _walk(e: Expected, offset: int, fd: int, name: str, kind: str, opened: list[list[OpenChunk]],
+          digest: Any, bufs: tuple[np.ndarray, np.ndarray]) -> int | None:
+    """Read the output slab by slab, in order; place and compare the chunks on each.
+
+    Returns:
+        The flat index of the first wrong element (the walk stops at the first wrong slab), or None.
+    """
+    out_item = dtype_info(e.dtype)[1]
+    in_dtypes = [dt for _f, dt, _c in e.sources][-len(opened):]
+    shape = e.shape or (1,)
+    obuf, sbuf = bufs
+    slab = SLAB_BYTES if kind == "bytes" else ROUND_SLAB_BYTES
+    for base, lead, lo_j, hi_j, j in _slabs(shape, out_item, slab):
+        box = (hi_j - lo_j,) + shape[j + 1:]
+        n_out = _numel(box) * out_item
+        _read(fd, obuf[:n_out], offset + base * out_item, name)
+        digest.update(obuf[:n_out])
+        out = obuf[:n_out].reshape(box + (out_item,))
+        acc = np.zeros(box, np.float64 if kind == "rounding" else np.float32) if kind != "bytes" else None
+        bad_here: list[int] = []
+        for i, chunks in enumerate(opened):
+            in_item = dtype_info(in_dtypes[i])[1]
+            for oc in chunks:
+                piece = _piece(oc, lead, lo_j, hi_j, j, in_item, sbuf)
+                if piece is None:
+                    continue
+                src, region = piece
+                if kind == "bytes":
+                    if not _equal(out[region], src):
+                        bad_here.append(base + _first_diff(out[region], src, region, box))
+                elif kind == "rounding":
+                    acc[region] = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i])  # type: ignore[index]
+                else:
+                    vals = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i]).astype(np.float32)
+                    acc[region] += np.float32(e.weights[i]) * vals  # type: ignore[index]
+        if acc is not None:
+            bad = badly_rounded(acc.astype(np.float64), patterns(out, e.dtype).reshape(box), e.dtype)
+            bad_here += [base + int(bad[0])] if len(bad) else []
+        if bad_here:
+            return min(bad_here)  # the tensor is wrong; its checksum is not needed
+    return None
+
+
+def _first_diff(a: np.ndarray, b: np.ndarray, region: tuple[slice, ...], box: tuple[int, ...]) -> int:
+    """Flat index, within the slab's box, of the first element where ``a`` (the output region) and ``b`` differ."""
+    where = np.argwhere((a != b).any(axis=-1))[0]
+    return int(np.ravel_multi_index(tuple(int(w) + (r.start or 0) for w, r in zip(where, region)), box))
+
+
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _slabs(shape: tuple[int, ...], item: int, slab: int) -> Iterator[tuple[int, tuple[int, ...], int, int, int]]:
+    """Contiguous slabs of a row-major tensor, as (first element, fixed leading indices, lo, hi on dim j, j).
+
+    ``j`` is the first dimension whose trailing block fits a slab: indices before it are
+    fixed per slab, a range of it is taken, and every later dimension whole.
+    """
+    n = len(shape)
+    if _numel(shape) == 0:
+        return
+    j = 0
+    while j < n - 1 and _numel(shape[j + 1:]) * item > slab:
+        j += 1
+    inner = _numel(shape[j + 1:])
+    rows = max(1, slab // (inner * item))
+    strides = [_numel(shape[k + 1:]) for k in range(n)]
+    for lead in itertools.product(*(range(s) for s in shape[:j])):
+        start = sum(i * st for i, st in zip(lead, strides))
+        for lo in range(0, shape[j], rows):
+            yield start + lo * strides[j], lead, lo, min(shape[j], lo + rows), j
+
+
+def _piece(oc: OpenChunk, lead: tuple[int, ...], lo_j: int, hi_j: int, j: int, item: int,
+           sbuf: np.ndarray) -> tuple[np.ndarray, tuple[slice, ...]] | None:
+    """The chunk's part of the slab: its bytes (shaped) and where they go in the slab, or None."""
+    offs, sizes = oc.box.offsets or (0,), oc.box.sizes or (1,)
+    if any(not (o <= i < o + s) for i, o, s in zip(lead, offs, sizes)):
+        return None
+    lo, hi = max(lo_j, offs[j]), min(hi_j, offs[j] + sizes[j])
+    if lo >= hi:
+        return None
+    local = [i - o for i, o in zip(lead, offs)] + [lo - offs[j]]
+    strides = [_numel(sizes[k + 1:]) for k in range(len(sizes))]
+    start = sum(i * st for i, st in zip(local, strides))
+    count = (hi - lo) * strides[j]
+    dst = sbuf[: count * item]
+    if oc.mem is not None:
+        dst[:] = np.frombuffer(oc.mem, np.uint8, count * item, start * item)
+    else:
+        _read(oc.fd, dst, oc.data_start + start * item, str(oc.box.file))
+    region = (slice(lo - lo_j, hi - lo_j),) + tuple(slice(o, o + s) for o, s in zip(offs[j + 1:], sizes[j + 1:]))
+    return dst.reshape((hi - lo,) + tuple(sizes[j + 1:]) + (item,)), region
+
+
+def _read(fd: int, dst: np.ndarray, off: int, name: str) -> None:
+    mv = dst.data
+    done = 0
+    while done < len(mv):
+        got = os.preadv(fd, [mv[done:]], off + done)
+        if got == 0:
+            raise OSError(f"{name}: ends before offset {off + len(mv)} while verifying")
+        done += got
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Byte equality; ``memcmp`` (GIL released by ctypes) when both are contiguous, else numpy."""
+    if a.shape != b.shape:
+        return False
+    if a.flags.c_contiguous and b.flags.c_contiguous:
+        return _MEMCMP(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    return bool(np.array_equal(a, b))
