@@ -31,8 +31,14 @@ def _assert_chain_completed(run_dir, ids):
 
 
 def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp_path):
+    """The CLI route, with an evaluation job per checkpoint (consolidate.every_checkpoint) riding along.
+
+    (A signalled run that requeues, resumes and is then consolidated is proved on the
+    two-node cluster, tests/multinode/test_requeue_node.py, and the single-node requeue
+    route in tests/slurm/test_requeue_faults.py.)
+    """
     run_dir = tmp_path / "run cli"
-    proc = ph.run_cli(run_dir)
+    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     ids = ph.jobs(run_dir)
     # It printed both ids, the logs and how to follow them, and did not wait.
@@ -45,11 +51,25 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     ph.assert_batch_scripts_recorded(run_dir, ids)  # what a user reads is what ran
     _assert_chain_completed(run_dir, ids)
     assert ph.metrics(run_dir)[-1]["step"] == 30
+
+    # One evaluation job per committed checkpoint, submitted by the trainer's post-checkpoint hook.
+    evals = {role: job for role, job in ph.jobs(run_dir).items() if role.startswith("eval-step-")}
+    assert set(evals) == {"eval-step-15", "eval-step-30"}, ph.jobs(run_dir)
+    ph.assert_batch_scripts_recorded(run_dir, evals)
+    for job in evals.values():
+        rec = su.wait_for_job(job, timeout_s=180)
+        assert rec["JobState"] == "COMPLETED", (rec, ph.logs(run_dir))
+    records = sorted((json.loads(l) for l in (run_dir / "evals.jsonl").read_text().splitlines()),
+                     key=lambda r: r["step"])
+    assert [(r["step"], r["status"]) for r in records] == [(15, "ok"), (30, "ok")], records
+    assert all(1.0 < r["perplexity"] < 1e6 for r in records)
+    assert not any((run_dir / "evals" / "pending").iterdir())
+
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
                             capture_output=True, text=True, check=True)
     st = json.loads(status.stdout)
-    assert [(j["role"], j["status"]) for j in st["jobs"]] == [("prepare", "done"), ("train", "done"),
-                                                              ("consolidate", "done")]
+    assert [(j["role"], j["status"]) for j in st["jobs"] if not j["role"].startswith("eval-")] == [
+        ("prepare", "done"), ("train", "done"), ("consolidate", "done")]
     assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
 
 
@@ -111,52 +131,3 @@ def test_bad_data_fails_the_prepare_job_and_nothing_trains(slurm_cluster, tmp_pa
     for role in ("train", "consolidate"):
         rec = su.wait_for_job(ids[role], timeout_s=60)
         assert (rec["JobState"], rec["Reason"]) == ("CANCELLED", "DependencyNeverSatisfied"), rec
-
-
-def test_signalled_training_checkpoints_requeues_resumes_and_consolidation_follows(slurm_cluster, tmp_path):
-    import time
-
-    run_dir = tmp_path / "run requeue"
-    proc = ph.run_cli(run_dir, "train.max_steps=150", "checkpoint.every_steps=0")
-    assert proc.returncode == 0, proc.stderr
-    ids = ph.jobs(run_dir)
-    deadline = time.monotonic() + 150
-    while not any(m["step"] >= 5 for m in ph.metrics(run_dir)):
-        assert time.monotonic() < deadline, ph.logs(run_dir)
-        assert su.job_state(ids["train"]) in ("PENDING", "RUNNING"), ph.logs(run_dir)
-        time.sleep(0.5)
-    # Like --signal=USR2@T: to every process of the job's steps (not the batch shell).
-    subprocess.run(["scancel", "--signal=USR2", str(ids["train"])], check=True)
-    su.wait_for_state(ids["train"], {"PENDING"}, timeout_s=120)
-    ph.wait_batch_gone(ids["train"], slurm_cluster.nodes)
-    rec = su.release_requeued(ids["train"], timeout_s=60)
-    assert rec["Restarts"] == "1", rec
-    saved = int((run_dir / ".requeue").read_text().split()[1])
-    assert 5 <= saved < 150
-    assert (run_dir / "checkpoints" / f"step-{saved}").is_dir()
-    _assert_chain_completed(run_dir, ids)
-    assert [m["step"] for m in ph.metrics(run_dir)] == list(range(1, 151))
-    log = ph.logs(run_dir, tail_chars=0)
-    assert "requeueing job" in log
-    # The second run resumed from the signal's checkpoint, not from step 0.
-    assert f"step-{saved} at step {saved}" in log, log[-3000:]
-    assert json.loads((run_dir / "train_exit.json").read_text())["step"] == 150
-
-
-def test_every_checkpoint_submits_one_eval_job_per_checkpoint(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run evals"
-    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15")
-    assert proc.returncode == 0, proc.stderr
-    ids = ph.jobs(run_dir)
-    _assert_chain_completed(run_dir, ids)
-    evals = {role: job for role, job in ph.jobs(run_dir).items() if role.startswith("eval-step-")}
-    assert set(evals) == {"eval-step-15", "eval-step-30"}, ph.jobs(run_dir)
-    ph.assert_batch_scripts_recorded(run_dir, evals)
-    for job in evals.values():
-        rec = su.wait_for_job(job, timeout_s=180)
-        assert rec["JobState"] == "COMPLETED", (rec, ph.logs(run_dir))
-    records = sorted((json.loads(l) for l in (run_dir / "evals.jsonl").read_text().splitlines()),
-                     key=lambda r: r["step"])
-    assert [(r["step"], r["status"]) for r in records] == [(15, "ok"), (30, "ok")], records
-    assert all(1.0 < r["perplexity"] < 1e6 for r in records)
-    assert not any((run_dir / "evals" / "pending").iterdir())
