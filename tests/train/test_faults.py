@@ -75,14 +75,22 @@ def test_a_rank_that_stops_mid_run_fails_the_run_within_the_timeout_and_is_named
     assert "rank 1 on" in log and "stopped answering" in log
 
 
-def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_path: Path) -> None:
-    run = make_run_dir(tmp_path / "run", HANG)
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_path: Path, async_save: bool) -> None:
+    """The last save (step 4 of 4) hangs on rank 1 after its shards are written.
+
+    Synchronous: rank 0 waits in DCP's gather on the default group. Asynchronous: rank 0
+    finishes the loop and waits for the background save, whose gather runs on the
+    separate gloo group: that group must carry cluster.rdzv_timeout_s too (torch's
+    default for a new group is 30 minutes).
+    """
+    run = make_run_dir(tmp_path / "run", [*HANG, "train.max_steps=4", f"checkpoint.async_save={str(async_save).lower()}"])
     took, pids = _hang(run, "stop_in_save@4:1")
     assert took < TIMEOUT_S + MARGIN_S, (took, log_text(run))
     assert not [p for p in pids if alive(p)], "a process outlived the failed run"
     rec = _exit_record(run)
     assert rec["exit_code"] == EXIT_PEER_TIMEOUT and "rank 1 on " in rec["reason"], rec
-    assert "'saving step 4'" in rec["reason"], rec
+    assert "in 'saving step 4'" in rec["reason"], rec
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step-2", "step-4.tmp"], names  # never a step-4 without its .tmp
     assert not (run / "checkpoints" / "step-4.tmp" / DCP_METADATA).exists()
