@@ -53,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subtree", help="take weights from this key root or subdirectory, e.g. ema")
     p.add_argument("--reference", help="HF model dir with config.json/tokenizer (default: found beside the checkpoint)")
     p.add_argument("--remove-sharded", action="store_true", help="delete the source DCP dir(s) after verification passed (not with --no-verify)")
-    p.add_argument("--no-verify", action="store_true", help="skip verification (checksums, equality, architecture)")
+    p.add_argument("--no-verify", action="store_true", help="skip verification (files, values against the checkpoint, architecture)")
+    p.add_argument("--full-verify", action="store_true",
+                   help="compare every byte of every tensor with the checkpoint (default: every tensor at its chunk "
+                        "boundaries and on 1/8 of its bytes; always full with --remove-sharded)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=int, help="copy/verify threads, at least 1 (default min(8, 2 x CPUs))")
     return p
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             args.src, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, step=args.step,
             average_last=args.average_last, steps=args.steps, weights=args.weights, subtree=args.subtree,
             reference=args.reference, remove_sharded=args.remove_sharded, verify=not args.no_verify,
+            full_verify=args.full_verify,
             progress=not args.no_progress, workers=args.workers,
         )
     except ConsolidationError as exc:

@@ -46,6 +46,7 @@ def consolidate(
     reference: str | os.PathLike[str] | None = None,
     remove_sharded: bool = False,
     verify: bool = True,
+    full_verify: bool = False,
     progress: bool = True,
     workers: int | None = None,
     from_pretrained_max_bytes: int = 256 << 20,
@@ -70,7 +71,11 @@ def consolidate(
             checkpoint sits in a run dir with ``hf_assets/`` or beside ``config.json``.
         remove_sharded: Delete the source DCP directories after verification passed
             (refused with ``verify=False``).
-        verify: Run verification (checksums, equality, architecture, loading).
+        verify: Run verification (the files parsed with safetensors, values against the
+            checkpoint, architecture, loading).
+        full_verify: Compare every byte of every tensor (always so with ``remove_sharded``);
+            by default every tensor is compared at its chunk boundaries and on a fixed
+            fraction of its bytes (see docs/consolidation.md, Verification).
         progress: Show a tqdm progress bar on stderr.
         workers: Copy/verify threads (default ``min(8, 2 * cpu_count)``).
         from_pretrained_max_bytes: Load the result with ``from_pretrained`` when smaller.
@@ -92,7 +97,8 @@ def consolidate(
     try:
         out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
         plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
-        settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype, weights)
+        settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype, weights,
+                                 full_verify or remove_sharded)  # shards are deleted only after every byte was compared
         with staging_dir(out) as staging:
             written = write_output(source, plan, staging, settings)
             report = verify_output(source, plan, written, verify=verify, from_pretrained_max_bytes=from_pretrained_max_bytes)

@@ -16,8 +16,9 @@ PlainValue = Union[bool, int, float, str]
 
 
 # One written tensor: dtype, shape, the xxh3_128 of its bytes as read back from the file,
-# whether it matched the source (None: not compared), which comparison ran ("bytes",
-# "rounding", "average") and how many distinct source chunks were compared.
+# whether it matched the source (None: not every byte compared), which comparison ran
+# ("bytes", "rounding", "average"), how many distinct source chunks were compared and the
+# fraction of the tensor compared (1.0 unless fast mode sampled it).
 TensorEntry = TypedDict("TensorEntry", {
     "dtype": str,
     "shape": List[int],
@@ -25,6 +26,7 @@ TensorEntry = TypedDict("TensorEntry", {
     "equal_to_source": Union[bool, None],
     "check": str,
     "chunks": int,
+    "compared_fraction": float,
 })
 
 
@@ -32,6 +34,8 @@ class ValuesReport(TypedDict):
     """How the values were compared: counts, the comparisons used, and what was not derived independently."""
 
     compared: int
+    mode: str
+    bytes_compared_fraction: float
     checks: dict[str, str]
     checksum: str
     chunks: int

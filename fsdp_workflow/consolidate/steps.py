@@ -69,6 +69,7 @@ class WriteSettings:
     progress: bool
     out_dtype: str | None = None  # cast floating tensors to this (None: keep)
     weights: list[float] | None = None  # averaging weights as given (None: equal)
+    full_verify: bool = False  # compare every byte (else fast mode: a fixed fraction plus every chunk boundary)
 
 
 @dataclass
@@ -182,7 +183,8 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         from .check import Verifier  # numpy: only when verifying
 
         verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
-                            workers=settings.workers, index_name=INDEX_FILE) if settings.verify else None
+                            workers=settings.workers, index_name=INDEX_FILE,
+                            full=settings.full_verify) if settings.verify else None
         try:
             StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
         except BaseException:

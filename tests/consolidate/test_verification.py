@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_workflow.consolidate import ConsolidationError, consolidate, reader, steps, writer
+from fsdp_workflow.consolidate import ConsolidationError, compare, consolidate, reader, steps, writer
 from fsdp_workflow.consolidate.__main__ import main
 from fsdp_workflow.consolidate.reader import DcpCheckpoint
 from fsdp_workflow.consolidate.rounding import badly_rounded, patterns
@@ -147,6 +148,38 @@ def test_transformed_chunks_are_placed_independently_and_say_so(trained, tmp_pat
     monkeypatch.setattr(reader, "EXTRA_EXTENSIONS", [layouts.ZlibTransform])
     v = consolidate(tmp_path / "z", tmp_path / "out", reference=trained / "llama" / "hf_assets", progress=False).verification
     assert v["ok"] and any("decoded by DCP's own reader" in n for n in v["values"]["notes"])
+
+
+def test_fast_mode_samples_but_checks_every_chunk_boundary(trained, tmp_path, monkeypatch):
+    """Default (fast) mode on tensors of many slabs: a boundary error is still caught; full mode reads every byte."""
+    run = trained / "llama"
+    monkeypatch.setattr(compare, "SLAB_BYTES", 256)  # one row of down_proj: its 16-row chunks span 16 slabs each
+    fast = consolidate(run, tmp_path / "fast", progress=False).verification
+    entry = fast["tensors"][DOWN]
+    assert fast["ok"] and fast["values"]["mode"].startswith("fast") and fast["values"]["bytes_compared_fraction"] < 1
+    assert 0 < entry["compared_fraction"] < 1 and entry["equal_to_source"] is None and entry["xxh3_128"] == ""
+    full = consolidate(run, tmp_path / "full", full_verify=True, progress=False).verification
+    assert full["values"]["mode"].startswith("full") and full["tensors"][DOWN]["equal_to_source"] is True
+    assert full["values"]["bytes_compared_fraction"] == 1.0
+
+    target, real = _chunk_of(run, DOWN, first=False), writer.chunk_runs
+
+    def misplaced(shape, chunk):  # the second chunk written one row too high: its last row is never written
+        runs = real(shape, chunk)
+        return [(s, d - 64, n) for s, d, n in runs] if (chunk.file, chunk.offset) == (target.file, target.offset) else runs
+
+    monkeypatch.setattr(writer, "chunk_runs", misplaced)
+    with pytest.raises(ConsolidationError, match=rf"'{DOWN}' \(first difference at element"):
+        consolidate(run, tmp_path / "out", progress=False)
+    _no_output(tmp_path, tmp_path / "out")
+
+
+def test_remove_sharded_always_compares_every_byte(trained, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(trained / "llama" / "checkpoints" / "step-4", src)
+    v = consolidate(src, tmp_path / "out", reference=trained / "llama" / "hf_assets", remove_sharded=True,
+                    progress=False).verification
+    assert v["values"]["mode"].startswith("full") and not src.exists()
 
 
 def test_rounding_check_agrees_with_torch():
