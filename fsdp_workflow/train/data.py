@@ -12,8 +12,11 @@ ranks together) names packed sample ``perm_e[i mod K]`` of the split, where ``K`
 is its number of samples, ``e = i div K`` the epoch and ``perm_e`` a permutation
 seeded by ``(data.seed, e)``. The only position to checkpoint is the number of
 samples consumed so far, so resuming, even with a different number of ranks,
-continues the exact sequence of global batches. Rank ``r`` of ``W`` takes samples
-``pos + r*B ... pos + r*B + B - 1`` of each global micro-batch (``B`` = micro-batch).
+continues the exact sequence of global batches. Data-parallel rank ``r`` of ``W``
+takes samples ``pos + r*B ... pos + r*B + B - 1`` of each global micro-batch
+(``B`` = micro-batch). ``r`` and ``W`` count data-parallel ranks
+(:attr:`fsdp_workflow.train.mesh.TrainMesh.dp_rank`), not processes: the
+tensor-parallel peers of a rank take the very same samples.
 
 ``data.source=synthetic`` needs no cache: random ids, a pure function of the
 sample index, every token trained, positions ``0..seq_len-1``.

@@ -53,6 +53,7 @@ from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import collective_timeout
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
+from fsdp_workflow.train.mesh import MeshDims, TrainMesh
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.signals import PreemptionFlag
@@ -91,23 +92,33 @@ def init_distributed(cfg: WorkflowConfig) -> None:
 
 @dataclass
 class Ranks:
-    """This process's place: the ``Accelerator`` built from the environment, its device, rank and world."""
+    """This process's place: the ``Accelerator`` built from the environment, its device, rank, world and mesh.
+
+    ``rank``/``world`` count processes; ``mesh.dp_rank``/``mesh.dp_size`` count the
+    data-parallel ranks, the ones that see different data (TP and CP peers share a batch).
+    """
 
     accelerator: Any
     device: torch.device
     rank: int
     world: int
+    mesh: TrainMesh
 
     @classmethod
     def start(cls, cfg: WorkflowConfig) -> "Ranks":
-        """Join the process group (see :func:`init_distributed`) and build ``Accelerator()``."""
+        """Join the process group (see :func:`init_distributed`), build ``Accelerator()``, read the mesh.
+
+        Raises:
+            StrategyError: launch.env's mesh does not fit the ranks launched.
+        """
         init_distributed(cfg)
         from accelerate import Accelerator
 
         accelerator = Accelerator()
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
-        return cls(accelerator, accelerator.device, rank, world)
+        mesh = TrainMesh(MeshDims.from_env(world), rank, accelerator.device.type)
+        return cls(accelerator, accelerator.device, rank, world, mesh)
 
     @property
     def grad_accum(self) -> int:
@@ -165,6 +176,7 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks, strategy: str) -> Trainee:
         lambda m: build_optimizer(m.parameters(), cfg.optimizer, ranks.device.type),
         lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
         micro_batch_size=cfg.train.micro_batch_size,
+        mesh=ranks.mesh,
     )
     scheduler = build_scheduler(prepared.torch_optimizer, cfg.optimizer, cfg.train.max_steps)
     if cfg.train.compile:
@@ -251,14 +263,14 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     beat.phase = "loading data and model"
     tokenizer = load_tokenizer(cfg.model)
     train_src, held_src = open_sources(cfg, pad_token_id(tokenizer))
-    batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.rank, ranks.world)
+    batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.mesh.dp_rank, ranks.mesh.dp_size)
     trainee = build_trainee(cfg, ranks, strategy)
     if ranks.rank == 0:
         base = cfg.model.name_or_path if cfg.model.init == ModelInit.pretrained else None
         save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer, base_dir=base)
     num_params, fpt = model_flops_per_token(trainee, cfg)
 
-    rng = StepRng(cfg.train.seed, ranks.rank)
+    rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)  # TP/CP peers draw the same numbers
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
     checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
@@ -272,8 +284,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
         log.write(f"resumed from {resume_from} at step {rng.step}")
     prepared = trainee.prepared
     wrapping = f"fully_shard on {ranks.device.type}" if prepared.native_fsdp2 else ranks.accelerator.distributed_type
-    log.write(f"strategy {strategy} ({wrapping}), {ranks.world} rank(s), {num_params / 1e6:.2f} M parameters, "
-              f"grad_accum {ranks.grad_accum}")
+    log.write(f"strategy {strategy} ({wrapping}), {ranks.world} rank(s), mesh {ranks.mesh.dims.describe()}, "
+              f"{num_params / 1e6:.2f} M parameters, grad_accum {ranks.grad_accum}")
 
     session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
                       guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env())
@@ -363,12 +375,13 @@ def train(s: Session, resumed: bool) -> Outcome:
 def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     """One optimizer step over ``grad_accum`` micro-batches; return its metrics and "stop (a signal)"."""
     prepared, accelerator, device = s.trainee.prepared, s.ranks.accelerator, s.ranks.device
-    grad_accum, world = s.ranks.grad_accum, s.ranks.world
+    grad_accum, world, dp_size = s.ranks.grad_accum, s.ranks.world, s.ranks.mesh.dp_size
+    peers = s.ranks.mesh.dims.peers  # ranks holding the same batch: each counts it in a world-wide sum
     s.rng.reseed()
     t0 = time.perf_counter()
     batches = [s.batches.next() for _ in range(grad_accum)]
-    trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device))
-    scale = loss_scale(int(trained.item()), world, grad_accum)
+    trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device)) // peers
+    scale = loss_scale(int(trained.item()), dp_size, grad_accum)
     loss_sum = torch.zeros((), device=device)
     for micro, batch in enumerate(batches):
         batch = batch.to(device)
@@ -386,12 +399,12 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     # One collective per step: the mean loss and "did any rank get a signal".
     stats = global_sum(torch.stack([loss_sum, torch.tensor(float(s.flag.requested), device=device)]))
     dt = time.perf_counter() - t0
-    # Input tokens, padding included: what the GPUs processed (and what MFU counts).
-    tokens = world * grad_accum * s.cfg.train.micro_batch_size * s.cfg.train.seq_len
+    # Input tokens, padding included: what the GPUs processed (and what MFU counts, over all ranks).
+    tokens = dp_size * grad_accum * s.cfg.train.micro_batch_size * s.cfg.train.seq_len
     num_trained = int(trained.item())
     record: dict[str, Any] = {
         "step": s.rng.step,
-        "loss": stats[0].item() / max(num_trained, 1),
+        "loss": stats[0].item() / peers / max(num_trained, 1),
         "lr": lr,
         "grad_norm": grad_norm,
         "tokens_per_s": tokens / dt,
@@ -409,14 +422,17 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
 def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:
     """The factor on each micro-batch's summed loss that makes the step's gradient a mean per trained token.
 
-    The data-parallel reduction averages gradients over ``world`` ranks and
-    Accelerate (or DeepSpeed) divides each micro-batch's loss by ``grad_accum``;
-    multiplying by both and dividing by the step's trained tokens on all ranks
-    gives the gradient of ``(sum of every trained token's loss) / num_trained``.
+    The data-parallel reduction averages gradients over ``world`` ranks (FSDP's
+    reduce-scatter over ``dp_shard``, and the all-reduce over ``dp_replicate``;
+    TP peers hold parts of one gradient and average nothing) and Accelerate (or
+    DeepSpeed) divides each micro-batch's loss by ``grad_accum``; multiplying by
+    both and dividing by the step's trained tokens gives the gradient of
+    ``(sum of every trained token's loss) / num_trained``.
 
     Args:
-        num_trained: trained tokens of the whole step, all ranks and micro-batches.
-        world: data-parallel ranks.
+        num_trained: trained tokens of the whole step, every data-parallel rank and micro-batch
+            (each batch counted once, not once per TP peer).
+        world: data-parallel ranks (``dp_replicate x dp_shard``; the world size without TP or CP).
         grad_accum: micro-batches per optimizer step.
     """
     return world * grad_accum / max(num_trained, 1)
@@ -438,9 +454,10 @@ def global_sum(t: torch.Tensor) -> torch.Tensor:
 def evaluate(s: Session) -> float:
     """Mean loss per trained token over ``train.eval_batches`` held-out micro-batches per rank (same ones every time)."""
     assert s.held_out is not None
-    model, cfg, world, device = s.trainee.prepared.model, s.cfg, s.ranks.world, s.ranks.device
+    model, cfg, device = s.trainee.prepared.model, s.cfg, s.ranks.device
     model.eval()
-    batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.rank, world)
+    # TP/CP peers evaluate the same batch: the world-wide sums count it once per peer, in both terms.
+    batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.mesh.dp_rank, s.ranks.mesh.dp_size)
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # (summed loss, trained tokens)
     for _ in range(max(1, cfg.train.eval_batches)):
         batch = batches.next().to(device)

@@ -11,6 +11,12 @@ builds its plugins from it, and this module follows what it decided:
   root, with the options parsed by Accelerate's own ``FullyShardedDataParallelPlugin()``
   (layer classes, ``reshard_after_forward``, activation checkpointing, mixed
   precision, offload). So CPU runs really shard across gloo ranks.
+* A mesh beyond plain FSDP2 (tensor parallelism, replicas: :mod:`.mesh`), on CPU
+  and GPU alike: ``torch.distributed.tensor.parallel`` with the plan transformers
+  ships, then ``fully_shard`` over the data-parallel sub-mesh. Accelerate's own
+  TP path cannot serve (it refuses ``ParallelismConfig`` on CPU, and its FSDP2 +
+  TP preparation imports a class transformers 5 removed); both devices read the
+  same mesh.
 * FSDP1 without an accelerator: a clear error (Accelerate only builds FSDP1 on
   accelerators and we do not hand-roll FlatParameter FSDP on CPU).
 * DDP and DeepSpeed: ``accelerator.prepare``. DeepSpeed must be importable.
@@ -29,11 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_workflow.train.mesh import StrategyError, TrainMesh, apply_tensor_parallel
 from fsdp_workflow.train.model import decoder_layer_classes, non_persistent_buffers, set_buffer
-
-
-class StrategyError(RuntimeError):
-    """The environment asks for a strategy this machine or install cannot run."""
 
 
 def _env_true(name: str) -> bool:
@@ -113,11 +116,18 @@ def fsdp_plugin_from_env(mixed_precision: str) -> Any:
     return plugin
 
 
-def apply_fully_shard(model: nn.Module, plugin: Any, device: torch.device) -> nn.Module:
+def apply_fully_shard(model: nn.Module, plugin: Any, device: torch.device, mesh: Optional[Any] = None) -> nn.Module:
     """Shard ``model`` with FSDP2 per decoder layer and at the root, as the plugin says.
 
     The model may be on the meta device on some ranks (``cpu_ram_efficient_loading``);
     callers then materialise and load it with :func:`materialize_and_broadcast`.
+
+    Args:
+        model: the bare model (tensor-parallel already, if the mesh has ``tp``).
+        plugin: Accelerate's FSDP plugin, parsed from the environment.
+        device: where the shards live.
+        mesh: the data-parallel sub-mesh (:meth:`.mesh.TrainMesh.fsdp_mesh`; 2-D: HSDP);
+            None: the whole world.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -143,7 +153,7 @@ def apply_fully_shard(model: nn.Module, plugin: Any, device: torch.device) -> nn
     if mp is not None and device.type == "cpu":
         # gloo reduces bf16 poorly (and slowly): reduce gradients in fp32 on CPU.
         mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32)
-    kwargs: dict[str, Any] = {"mp_policy": mp or MixedPrecisionPolicy()}
+    kwargs: dict[str, Any] = {"mp_policy": mp or MixedPrecisionPolicy(), "mesh": mesh}
     if plugin.cpu_offload and device.type != "cpu":
         kwargs["offload_policy"] = CPUOffloadPolicy()
     reshard = bool(plugin.reshard_after_forward)
@@ -205,6 +215,7 @@ def prepare(
     build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
     install_forward: Callable[[nn.Module], None],
     micro_batch_size: int = 1,
+    mesh: Optional[TrainMesh] = None,
 ) -> Prepared:
     """Build, wrap and pair the model with its optimizer under ``strategy``.
 
@@ -215,12 +226,20 @@ def prepare(
         build_optimizer: makes the optimizer over the (wrapped) model's parameters.
         install_forward: installs the loss forward on the bare model.
         micro_batch_size: sequences per rank per forward (DeepSpeed's config needs it).
+        mesh: the run's device mesh; beyond plain FSDP2 (TP, replicas) our own path applies it.
 
     Returns:
         The prepared model and optimizer.
+
+    Raises:
+        StrategyError: a mesh beyond plain FSDP2 under another strategy, or no process group.
     """
     device = accelerator.device
-    if strategy == "fsdp2" and not uses_accelerate_fsdp(accelerator):
+    own_mesh = mesh is not None and not mesh.dims.plain
+    if own_mesh and strategy != "fsdp2":
+        raise StrategyError(f"launch.env asks for the mesh {mesh.dims.describe()} under {strategy}: "
+                            "tensor parallelism and replicas are built for strategy=fsdp2 only")
+    if strategy == "fsdp2" and (own_mesh or not uses_accelerate_fsdp(accelerator)):
         if not dist.is_initialized():
             raise StrategyError(
                 "FSDP2 needs a process group: launch with torchrun (it sets RANK, WORLD_SIZE, "
@@ -241,7 +260,10 @@ def prepare(
         else:
             model = build_model(False)
         install_forward(model)
-        apply_fully_shard(model, plugin, device)
+        if own_mesh and mesh.dims.tp > 1:
+            apply_tensor_parallel(model, mesh.tp_mesh())
+        # Plain FSDP2 keeps fully_shard's default mesh (the world): no extra process groups.
+        apply_fully_shard(model, plugin, device, mesh.fsdp_mesh() if own_mesh else None)
         if lazy:
             materialize_and_broadcast(model, full, bufs, device)
             del full, bufs
@@ -297,12 +319,33 @@ def clip_grad_norm(prepared: Prepared, accelerator: Any, max_norm: Optional[floa
     """Clip gradients (None: only measure) and return the global norm as a float."""
     limit = float(max_norm) if max_norm else float("inf")
     if prepared.native_fsdp2:
-        params = [p for p in prepared.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
-    else:
-        norm = accelerator.clip_grad_norm_(prepared.model.parameters(), limit)
+        return _clip_by_mesh([p.grad for p in prepared.model.parameters() if p.grad is not None], limit)
+    norm = accelerator.clip_grad_norm_(prepared.model.parameters(), limit)
     if norm is None:
         return None
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def _clip_by_mesh(grads: list[torch.Tensor], limit: float) -> float:
+    """The global 2-norm of DTensor gradients that live on different meshes, clipped to ``limit``.
+
+    With tensor parallelism the split projections' gradients live on the 2-D
+    ``(dp, tp)`` mesh and the rest (embeddings, norms, ``lm_head``) on the
+    data-parallel mesh alone, and torch's ``clip_grad_norm_`` refuses to stack
+    norms from different meshes. Each group's norm is reduced over its own mesh
+    (``full_tensor``: a parameter replicated over ``tp`` counts once), then combined.
+    """
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(getattr(g, "device_mesh", None), []).append(g)
+    norms = []
+    for group in groups.values():
+        n = torch.nn.utils.get_total_norm(group, 2.0, foreach=True)
+        norms.append(n.full_tensor() if hasattr(n, "full_tensor") else n)
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).norm(2.0)
+    coef = torch.clamp(limit / (total + 1e-6), max=1.0)
+    for group in groups.values():
+        torch._foreach_mul_(group, coef.item())
+    return float(total)

@@ -1,0 +1,174 @@
+"""The device mesh, ``dp_replicate x dp_shard x cp x tp``, built once per run from ``launch.env``.
+
+The planner writes the sizes in Accelerate's ``ParallelismConfig`` variable
+names (``PARALLELISM_CONFIG_DP_REPLICATE_SIZE``, ``..._DP_SHARD_SIZE``,
+``..._TP_SIZE``; :func:`fsdp_workflow.config.accelerate_env.accelerate_env`,
+from :func:`fsdp_workflow.config.schema.mesh_shape`); without them the mesh is
+one ``dp_shard`` dimension over the world, which is plain FSDP2. The order is
+Accelerate's, outermost first, so a TP group is consecutive ranks, which
+torchrun puts on one node, and replicas are the outermost blocks of ranks,
+which are whole nodes when ``dp_replicate`` divides ``cluster.nodes``.
+
+Global rank ``r = ((i_rep * S + i_shard) * C + i_cp) * T + i_tp``: the ranks
+that see the same batch (TP and CP peers) share ``r // (C * T)``, which is the
+data-parallel rank (:attr:`TrainMesh.dp_rank`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from fsdp_workflow.config.schema import MESH_DIMS
+
+ENV_PREFIX = "PARALLELISM_CONFIG_"
+
+
+class StrategyError(RuntimeError):
+    """The environment asks for a strategy (or mesh) this machine, install or model cannot run."""
+
+
+@dataclass(frozen=True)
+class MeshDims:
+    """Sizes of the four mesh dimensions (their product is the world size)."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+
+    @classmethod
+    def from_env(cls, world: int, env: Mapping[str, str] = os.environ) -> "MeshDims":
+        """The mesh ``launch.env`` names for ``world`` ranks (``dp_shard`` = what the others leave).
+
+        Raises:
+            StrategyError: the sizes do not tile ``world`` (launched with another number of
+                ranks than planned), or context parallelism is asked for (not built).
+        """
+        def size(name: str) -> int:
+            return int(env.get(ENV_PREFIX + name, "1") or "1")
+
+        rep, cp, tp = size("DP_REPLICATE_SIZE"), size("CP_SIZE"), size("TP_SIZE")
+        if cp > 1:
+            raise StrategyError(f"{ENV_PREFIX}CP_SIZE={cp}: context parallelism is not built; plan the "
+                                "run again without it (see docs/parallelism.md)")
+        if world % (rep * cp * tp):
+            raise StrategyError(
+                f"launch.env's mesh (dp_replicate {rep} x cp {cp} x tp {tp}) does not divide the world size "
+                f"{world}: launch as many ranks as cluster.nodes x cluster.processes_per_node planned")
+        shard = world // (rep * cp * tp)
+        planned = env.get(ENV_PREFIX + "DP_SHARD_SIZE")
+        if planned and int(planned) != shard:
+            raise StrategyError(
+                f"launch.env plans dp_shard {planned} but {world} ranks give dp_shard {shard}: launch as many "
+                "ranks as cluster.nodes x cluster.processes_per_node planned (or re-plan the run)")
+        return cls(rep, shard, cp, tp)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different data: ``dp_replicate x dp_shard``."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def peers(self) -> int:
+        """Ranks that see the same batch (``cp x tp``): each counts it once in a world-wide sum."""
+        return self.cp * self.tp
+
+    @property
+    def plain(self) -> bool:
+        """Only ``dp_shard`` is above 1: plain FSDP2 over the world."""
+        return self.dp_replicate == 1 and self.cp == 1 and self.tp == 1
+
+    def describe(self) -> str:
+        return " x ".join(f"{name} {size}" for name, size in zip(MESH_DIMS, self.shape))
+
+
+@dataclass
+class TrainMesh:
+    """This rank's place in the mesh, and the ``DeviceMesh`` itself (built on first use, once).
+
+    Args:
+        dims: the sizes.
+        rank: this process's global rank.
+        device_type: ``cpu`` or ``cuda``.
+    """
+
+    dims: MeshDims
+    rank: int
+    device_type: str
+    _mesh: Optional[Any] = field(default=None, repr=False)
+
+    @property
+    def dp_rank(self) -> int:
+        """The data-parallel rank: which slice of each global batch this rank (and its TP/CP peers) takes."""
+        return self.rank // self.dims.peers
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp_size
+
+    @property
+    def device_mesh(self) -> Any:
+        """The 4-D ``DeviceMesh`` named ``dp_replicate, dp_shard, cp, tp`` (needs a process group)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device_type, self.dims.shape, mesh_dim_names=MESH_DIMS)
+        return self._mesh
+
+    def fsdp_mesh(self) -> Any:
+        """What FSDP2 shards over: ``dp_shard``, or ``(dp_replicate, dp_shard)`` (HSDP) with replicas."""
+        if self.dims.dp_replicate > 1:
+            return self.device_mesh["dp_replicate", "dp_shard"]
+        return self.device_mesh["dp_shard"]
+
+    def tp_mesh(self) -> Any:
+        return self.device_mesh["tp"]
+
+
+def tensor_parallel_plan(model: Any) -> dict[str, Any]:
+    """``{module fqn: ParallelStyle}`` from the ``base_model_tp_plan`` transformers ships with the config.
+
+    ``colwise`` and ``rowwise`` become ``torch.distributed.tensor.parallel``'s
+    ``ColwiseParallel`` and ``RowwiseParallel`` (local outputs: attention reshapes
+    to ``-1`` heads, so each rank runs its own heads and MLP columns, and the
+    row-parallel output projections all-reduce). Embeddings, norms and ``lm_head``
+    are not split over TP: FSDP2 shards them over the data-parallel ranks, and the
+    chunked loss keeps ``lm_head`` whole so that its logits need no gather.
+
+    Raises:
+        StrategyError: the model ships no plan, or a style other than colwise/rowwise.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = dict(getattr(model.config, "base_model_tp_plan", None) or {})
+    name = type(model).__name__
+    if not plan:
+        raise StrategyError(f"strategy.tensor_parallel_size > 1, but transformers ships no base_model_tp_plan "
+                            f"for {name}: use strategy.tensor_parallel_size=1 (FSDP2 alone) for this model")
+    odd = sorted({style for style in plan.values() if style not in styles})
+    if odd:
+        raise StrategyError(f"{name}'s base_model_tp_plan uses {odd}; the trainer applies only {sorted(styles)}: "
+                            "use strategy.tensor_parallel_size=1 for this model")
+    prefix = model.base_model_prefix
+    patterns = [(re.compile(re.escape(f"{prefix}.{pat}").replace(r"\*", r"\d+") + "$"), styles[style])
+                for pat, style in plan.items()]
+    out = {fqn: style() for fqn, _ in model.named_modules() for rx, style in patterns if rx.match(fqn)}
+    if not out:
+        raise StrategyError(f"{name}'s base_model_tp_plan matches none of its modules: "
+                            "use strategy.tensor_parallel_size=1 for this model")
+    return out
+
+
+def apply_tensor_parallel(model: Any, tp_mesh: Any) -> None:
+    """Split the decoder layers' projections over ``tp_mesh`` (before FSDP2; meta models too)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, tp_mesh, tensor_parallel_plan(model))
