@@ -35,6 +35,7 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyName,
     WorkflowConfig,
+    mesh_shape,
 )
 from fsdp_workflow.core.envnames import is_env_name
 
@@ -87,6 +88,7 @@ def accelerate_env(cfg: WorkflowConfig) -> Dict[str, str]:
     }
     if is_fsdp(s.name):
         env.update(_fsdp_env(cfg))
+        env.update(_mesh_env(cfg))
     elif is_deepspeed(s.name):
         env.update(_deepspeed_env(cfg))
     return env
@@ -125,6 +127,28 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
     # transformers reads this one too: non-zero ranks load on the meta device.
     env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = _flag(s.cpu_ram_efficient_loading)
     return env
+
+
+def _mesh_env(cfg: WorkflowConfig) -> Dict[str, str]:
+    """The device mesh in ``ParallelismConfig``'s variable names, when it has more than one dimension.
+
+    The trainer builds its mesh from these (``fsdp_workflow.train.mesh``); absent,
+    the mesh is one ``dp_shard`` dimension over the world. ``ACCELERATE_USE_PARALLELISM_CONFIG``
+    is deliberately not set, so Accelerate does not build a ``ParallelismConfig`` of its
+    own: it refuses one on CPU, and its FSDP2 + TP preparation (accelerate 1.15)
+    imports ``ReplicateParallel``, which transformers 5 no longer has. The trainer
+    applies TP and FSDP2 on this mesh itself, on CPU and GPU alike (docs/parallelism.md).
+    Context parallelism is refused by validation, so no ``CP_SIZE`` is written.
+    """
+    s = cfg.strategy
+    if s.name != StrategyName.fsdp2 or (s.dp_replicate_size == 1 and s.tensor_parallel_size == 1):
+        return {}
+    shape = mesh_shape(cfg)
+    return {
+        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": str(shape["dp_replicate"]),
+        "PARALLELISM_CONFIG_DP_SHARD_SIZE": str(shape["dp_shard"]),
+        "PARALLELISM_CONFIG_TP_SIZE": str(shape["tp"]),
+    }
 
 
 def _deepspeed_env(cfg: WorkflowConfig) -> Dict[str, str]:

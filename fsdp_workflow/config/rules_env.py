@@ -50,15 +50,24 @@ def _missing(module: str) -> bool:
 
 
 def check_not_implemented(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Keys kept for the schema's shape whose non-default values are not built yet."""
-    s = cfg.strategy
-    for key, value in (("strategy.tensor_parallel_size", s.tensor_parallel_size),
-                       ("strategy.context_parallel_size", s.context_parallel_size)):
-        if value > 1:
-            r.error(key, value,
-                    "not implemented yet: the trainer builds no tensor/context-parallel mesh, so every rank "
-                    "would still train as plain data parallelism",
-                    f"{key}=1 (tensor and context parallelism are planned; see docs/configuration.md)")
+    """Keys kept for the schema's shape whose non-default values are not built.
+
+    Context parallelism: torch 2.13's ``context_parallel`` has no sharding rule
+    for the CPU attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``;
+    the math kernel mixes DTensors and tensors), measured with gloo; and on GPUs it
+    shards only ``is_causal`` SDPA without a mask, while the trainer keeps packed
+    documents apart through position ids (a block-diagonal mask), so documents
+    would attend across their boundaries. Refused on every device until built.
+    """
+    cp = cfg.strategy.context_parallel_size
+    if cp > 1:
+        why = ("torch 2.13's context parallel cannot run on CPU: no sharding rule for the CPU SDPA kernel "
+               "(aten._scaled_dot_product_flash_attention_for_cpu)" if cfg.cluster.device == Device.cpu else
+               "not implemented: torch's context parallel shards only causal SDPA without a mask, and the "
+               "trainer's packed documents need their block-diagonal mask (attention would cross documents)")
+        r.error("strategy.context_parallel_size", cp, why,
+                "strategy.context_parallel_size=1 (shard long sequences' memory with "
+                "strategy.activation_checkpointing=true and strategy.tensor_parallel_size instead)")
 
 
 def check_packages(cfg: WorkflowConfig, r: ValidationReport) -> None:

@@ -110,26 +110,36 @@ def check_single_process_fsdp(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Tensor / context parallel sizes must divide the world and suit the model."""
-    s, m = cfg.strategy, cfg.model
-    tp, cp, world = s.tensor_parallel_size, s.context_parallel_size, world_size(cfg)
-    if tp < 1 or cp < 1 or world < 1:
+    """The device mesh (dp_replicate x dp_shard x cp x tp) must tile the world and suit the model.
+
+    TP within a node is an error, not a warning: a TP group all-reduces the
+    activations of every layer twice in forward and twice in backward, which over
+    the inter-node network costs more than the memory it saves, and the mesh puts
+    TP innermost precisely so that a TP group is consecutive ranks on one node.
+    """
+    s, m, c = cfg.strategy, cfg.model, cfg.cluster
+    rep, tp, cp, world = s.dp_replicate_size, s.tensor_parallel_size, s.context_parallel_size, world_size(cfg)
+    if min(rep, tp, cp, world) < 1:
         return  # reported by check_counts
-    if tp > 1 or cp > 1:
-        if s.name.value != "fsdp2":
-            key = "strategy.tensor_parallel_size" if tp > 1 else "strategy.context_parallel_size"
+    sizes = {"strategy.dp_replicate_size": rep, "strategy.tensor_parallel_size": tp,
+             "strategy.context_parallel_size": cp}
+    above = [k for k, v in sizes.items() if v > 1]
+    if above and s.name.value != "fsdp2":
+        for key in above:
             r.error(
-                key, tp if tp > 1 else cp,
-                f"tensor/context parallelism goes through Accelerate's ParallelismConfig, which needs FSDP2, not {s.name.value}",
+                key, sizes[key],
+                f"the device mesh (hybrid sharding, tensor and context parallelism) is built for FSDP2 only, "
+                f"not {s.name.value}",
                 f"strategy=fsdp2 (or {key}=1)",
             )
-    if world % (tp * cp):
-        key = "strategy.tensor_parallel_size" if tp > 1 else "strategy.context_parallel_size"
+    if world % (rep * tp * cp):
+        key = above[-1] if above else "strategy.tensor_parallel_size"
         r.error(
-            key, tp if tp > 1 else cp,
-            f"tensor_parallel_size x context_parallel_size = {tp * cp} does not divide the world size "
-            f"{world} (= cluster.nodes {cfg.cluster.nodes} x cluster.processes_per_node {cfg.cluster.processes_per_node})",
-            f"pick sizes whose product divides {world}",
+            key, sizes[key],
+            f"dp_replicate_size {rep} x context_parallel_size {cp} x tensor_parallel_size {tp} = {rep * cp * tp} "
+            f"does not divide the world size {world} (= cluster.nodes {c.nodes} x cluster.processes_per_node "
+            f"{c.processes_per_node}); dp_shard is what is left and must be a whole number",
+            f"sizes whose product divides {world}",
         )
     if tp > 1:
         if m.num_attention_heads % tp or m.num_key_value_heads % tp:
@@ -139,12 +149,29 @@ def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 "must both split evenly across tensor-parallel ranks",
                 "a tensor_parallel_size that divides both head counts",
             )
-        if tp > cfg.cluster.processes_per_node:
-            r.warn(
+        if c.processes_per_node % tp:
+            r.error(
                 "strategy.tensor_parallel_size", tp,
-                "tensor parallelism across nodes communicates every layer over the network",
-                f"strategy.tensor_parallel_size<={cfg.cluster.processes_per_node}",
+                f"a tensor-parallel group would span nodes ({c.processes_per_node} processes per node): TP "
+                "all-reduces every layer's activations, which the inter-node network makes slower than "
+                "the memory it saves",
+                f"a strategy.tensor_parallel_size dividing cluster.processes_per_node={c.processes_per_node} "
+                "(shard across nodes with FSDP instead)",
             )
+    if rep > 1 and tp * cp > 1 and world == rep * tp * cp:
+        r.error(
+            "strategy.dp_replicate_size", rep,
+            f"tensor/context parallelism with replicas but no sharding (dp_shard = {world} / "
+            f"({rep} x {tp * cp}) = 1) is not built here, as in Accelerate's ParallelismConfig",
+            "strategy.dp_replicate_size=1 (FSDP + TP), or more ranks so that dp_shard > 1 (HSDP + TP)",
+        )
+    if rep > 1 and world % (rep * tp * cp) == 0 and c.nodes % rep and rep % c.nodes:
+        r.warn(
+            "strategy.dp_replicate_size", rep,
+            f"{rep} replicas over {c.nodes} nodes: a replica's shards straddle node boundaries, so "
+            "the sharded all-gathers cross the network anyway",
+            f"strategy.dp_replicate_size={c.nodes} (replicate across nodes, shard within)",
+        )
     if cp > 1 and cfg.train.seq_len % (2 * cp):
         r.error(
             "train.seq_len", cfg.train.seq_len,

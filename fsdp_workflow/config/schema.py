@@ -258,9 +258,11 @@ class StrategyConfig:
     offload_param_device: OffloadDevice = OffloadDevice.none
     offload_nvme_path: Optional[str] = None  # local NVMe directory, needed when an offload device is nvme
     zero3_init_flag: bool = True  # build the model partitioned under ZeRO-3
-    # parallel dimensions beyond data parallelism
-    tensor_parallel_size: int = bounded(1, ge=1)
-    context_parallel_size: int = bounded(1, ge=1)
+    # The device mesh, dp_replicate x dp_shard x cp x tp = world size (dp_shard is what is left);
+    # FSDP2 only. See docs/parallelism.md.
+    dp_replicate_size: int = bounded(1, ge=1)  # model replicas (HSDP): replicate across node groups, shard within
+    tensor_parallel_size: int = bounded(1, ge=1)  # ranks splitting each layer's weights (within a node)
+    context_parallel_size: int = bounded(1, ge=1)  # ranks splitting each sequence (not built: only 1 is accepted)
 
 
 @dataclass
@@ -390,9 +392,24 @@ def run_layout(cfg: WorkflowConfig) -> RunDir:
 
 
 def data_parallel_size(cfg: WorkflowConfig) -> int:
-    """Ranks that see different data: world / (tensor parallel x context parallel)."""
+    """Ranks that see different data: world / (tensor parallel x context parallel) = dp_replicate x dp_shard."""
     model_parallel = cfg.strategy.tensor_parallel_size * cfg.strategy.context_parallel_size
     return max(world_size(cfg) // max(model_parallel, 1), 1)
+
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")  # outermost first, Accelerate's ParallelismConfig order
+
+
+def mesh_shape(cfg: WorkflowConfig) -> Dict[str, int]:
+    """The device mesh the trainer builds, ``{dim: size}`` in :data:`MESH_DIMS` order.
+
+    ``dp_shard`` is what the other dimensions leave of the world size (validation
+    refuses a world they do not divide). TP is innermost, so a TP group is
+    consecutive ranks, which torchrun places on one node.
+    """
+    s = cfg.strategy
+    rep, cp, tp = s.dp_replicate_size, s.context_parallel_size, s.tensor_parallel_size
+    return {"dp_replicate": rep, "dp_shard": max(world_size(cfg) // max(rep * cp * tp, 1), 1), "cp": cp, "tp": tp}
 
 
 def register_configs() -> None:

@@ -18,6 +18,7 @@ from fsdp_workflow.config.schema import (
     StrategyName,
     WorkflowConfig,
     data_parallel_size,
+    mesh_shape,
     world_size,
 )
 from fsdp_workflow.config.model_size import num_params
@@ -46,14 +47,26 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
-    """Per-rank memory for parameters, gradients, optimizer state and activations."""
+    """Per-rank memory for parameters, gradients, optimizer state and activations.
+
+    Under FSDP2 a rank holds ``1 / (tp x dp_shard)`` of every weight, gradient and
+    optimizer moment (replicas, ``dp_replicate``, each hold a whole copy). A
+    decoder layer's activations split over ``tp`` (heads and MLP columns) and
+    ``cp`` (positions); the logits split over ``cp`` only, because ``lm_head``
+    is not tensor-parallel (docs/parallelism.md).
+    """
     p = num_params(cfg.model)
     world = max(world_size(cfg), 1)
+    mesh = mesh_shape(cfg)
+    split_seq, split_layer = mesh["cp"], mesh["cp"] * mesh["tp"]
     opt = _optimizer_bytes(cfg.optimizer.name) * p
     low = 2 if cfg.train.mixed_precision != MixedPrecision.no else 4
     s = cfg.strategy.name
-    if s in (StrategyName.fsdp2, StrategyName.fsdp1):
+    if s == StrategyName.fsdp2:
         # fp32 sharded master params and grads; the optimizer follows the shards.
+        shards = mesh["tp"] * mesh["dp_shard"]
+        params, grads, opt = 4 * p / shards, 4 * p / shards, opt / shards
+    elif s == StrategyName.fsdp1:
         params, grads, opt = 4 * p / world, 4 * p / world, opt / world
     elif s == StrategyName.deepspeed_zero1:
         params, grads, opt = low * p + 4 * p / world, low * p, opt / world
@@ -71,7 +84,8 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
         acts = m.num_hidden_layers * tokens * m.hidden_size * low + per_layer_full
     else:
         acts = m.num_hidden_layers * per_layer_full
-    acts += 2 * tokens * m.vocab_size * 4  # fp32 logits and their gradient
+    acts /= split_layer
+    acts += 2 * tokens * m.vocab_size * 4 / split_seq  # fp32 logits and their gradient
     return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
 
 
@@ -86,6 +100,7 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         f"model        {cfg.model.name}: {num_params(cfg.model) / 1e9:.3g} B parameters ({cfg.model.architecture})",
         f"strategy     {cfg.strategy.name.value}, mixed precision {t.mixed_precision.value}",
         f"world size   {world} = {c.nodes} node(s) x {c.processes_per_node} process(es), data parallel {dp}",
+        "mesh         " + " x ".join(f"{dim} {size}" for dim, size in mesh_shape(cfg).items()),
         f"global batch {global_batch} sequences = micro {t.micro_batch_size} x accum {t.grad_accum_steps} x dp {dp}",
         f"tokens/step  {global_batch * t.seq_len:,} (seq_len {t.seq_len}); {t.max_steps} steps "
         f"= {global_batch * t.seq_len * t.max_steps / 1e9:.3g} B tokens",

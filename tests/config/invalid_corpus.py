@@ -51,6 +51,12 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     (["strategy.context_parallel_size=4"], "strategy.context_parallel_size"),
     (["strategy.tensor_parallel_size=2", "model.num_key_value_heads=1"], "strategy.tensor_parallel_size"),
     (["strategy=fsdp1", CUDA, "strategy.tensor_parallel_size=2"], "strategy.tensor_parallel_size"),
+    (["strategy.dp_replicate_size=3"], "strategy.dp_replicate_size"),  # does not divide 2 ranks
+    (["strategy=ddp", "strategy.dp_replicate_size=2"], "strategy.dp_replicate_size"),  # the mesh is FSDP2's
+    (["cluster=slurm", "cluster.partition=debug", "cluster.nodes=2", "cluster.processes_per_node=1",
+      "strategy.tensor_parallel_size=2"], "strategy.tensor_parallel_size"),  # TP across nodes
+    (["cluster.processes_per_node=4", "strategy.dp_replicate_size=2", "strategy.tensor_parallel_size=2"],
+     "strategy.dp_replicate_size"),  # replicas x TP with dp_shard 1
     (["train.mixed_precision=fp16"], "train.mixed_precision"),  # fp16 on CPU
     (["train.global_batch_size=7"], "train.global_batch_size"),
     (["train.micro_batch_size=0"], "train.micro_batch_size"),

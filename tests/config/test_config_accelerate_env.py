@@ -178,13 +178,47 @@ def test_fsdp_mixed_precision(clean_accelerate_env, strategy, mp):
     check_fsdp(cfg, env, mp)
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_size", "context_parallel_size"])
-def test_tensor_and_context_parallel_above_one_are_refused_until_built(key):
+@pytest.mark.parametrize("rep,tp", [(1, 2), (2, 1), (2, 2), (8, 1)])
+def test_mesh_is_exported_in_parallelism_config_names(clean_accelerate_env, rep, tp):
+    """The mesh in ParallelismConfig's variables; Accelerate's own class parses them to the same sizes,
+    and the trainer's MeshDims reads them back. ACCELERATE_USE_PARALLELISM_CONFIG stays unset (see
+    accelerate_env._mesh_env: Accelerate refuses it on CPU and its FSDP2 + TP path needs a class
+    transformers 5 removed), so Accelerator() builds no ParallelismConfig of its own."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from fsdp_workflow.config.schema import mesh_shape
+    from fsdp_workflow.train.mesh import MeshDims
+
     cfg = base("fsdp2")
+    cfg.cluster.processes_per_node = 8
+    cfg.strategy.dp_replicate_size, cfg.strategy.tensor_parallel_size = rep, tp
+    env = plugin_env(clean_accelerate_env, cfg)
+    shape = mesh_shape(cfg)
+    assert shape == {"dp_replicate": rep, "dp_shard": 8 // (rep * tp), "cp": 1, "tp": tp}
+    assert {k: v for k, v in env.items() if k.startswith("PARALLELISM_CONFIG_")} == {
+        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": str(rep), "PARALLELISM_CONFIG_DP_SHARD_SIZE": str(8 // (rep * tp)),
+        "PARALLELISM_CONFIG_TP_SIZE": str(tp)}
+    assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in env
+    pc = ParallelismConfig()
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.cp_size, pc.tp_size) == tuple(shape.values())
+    assert MeshDims.from_env(8, env).shape == tuple(shape.values())
+
+
+def test_plain_fsdp2_writes_no_mesh(clean_accelerate_env):
+    env = plugin_env(clean_accelerate_env, base("fsdp2"))
+    assert not any(k.startswith("PARALLELISM_CONFIG") for k in env)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_context_parallel_is_refused_with_the_reason(device):
+    cfg = base("fsdp2")
+    cfg.cluster.device = cfg.cluster.device.__class__(device)
     cfg.cluster.processes_per_node = 4
-    setattr(cfg.strategy, key, 2)
-    errors = [i for i in validate(cfg).errors if i.key == f"strategy.{key}"]
-    assert errors and "not implemented yet" in errors[0].why
+    cfg.strategy.context_parallel_size = 2
+    errors = [i for i in validate(cfg).errors if i.key == "strategy.context_parallel_size"]
+    assert len(errors) == 1, validate(cfg).errors
+    expected = "cannot run on CPU" if device == "cpu" else "not implemented"
+    assert expected in errors[0].why and "strategy.context_parallel_size=1" in errors[0].fix
     assert not any(k.startswith("PARALLELISM_CONFIG") for k in accelerate_env(cfg))
 
 

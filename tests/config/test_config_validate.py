@@ -110,10 +110,27 @@ def test_global_batch_fix_gives_the_accumulation_to_type(composed):
     assert issue.key == "train.global_batch_size" and "train.grad_accum_steps=4" in issue.fix
 
 
-def test_tensor_parallel_is_refused_not_counted_in_the_batch(composed):
-    # Until a mesh is built, TP > 1 would be plain data parallelism: refused, never half-applied.
-    keys = validate(composed(["strategy.tensor_parallel_size=2", "train.global_batch_size=2"])).keys()
-    assert "strategy.tensor_parallel_size" in keys
+def test_tensor_parallel_ranks_are_not_counted_in_the_batch(composed):
+    # 2 ranks, tp 2: one data-parallel rank, so micro 2 x accum 1 x dp 1 = 2 sequences per step.
+    assert validate(composed(["strategy.tensor_parallel_size=2", "train.global_batch_size=2"])).errors == []
+    (issue,) = validate(composed(["strategy.tensor_parallel_size=2", "train.global_batch_size=4"])).errors
+    assert issue.key == "train.global_batch_size" and "data-parallel size 1" in issue.why
+
+
+def test_mesh_rules(composed):
+    """TP within a node (an error, not a warning), hybrid sharding needs FSDP2, replicas that straddle nodes warn."""
+    slurm = ["cluster=slurm", "cluster.partition=debug"]
+    across = validate(composed([*slurm, "cluster.nodes=2", "cluster.processes_per_node=1",
+                                "strategy.tensor_parallel_size=2"]))
+    assert [i.key for i in across.errors] == ["strategy.tensor_parallel_size"]
+    assert "span nodes" in across.errors[0].why
+    odd = validate(composed([*slurm, "cluster.nodes=3", "cluster.processes_per_node=2", "strategy.dp_replicate_size=2"]))
+    assert odd.errors == [] and [w.key for w in odd.warnings] == ["strategy.dp_replicate_size"]
+    hybrid = validate(composed([*slurm, "cluster.nodes=2", "cluster.processes_per_node=4",
+                                "strategy.dp_replicate_size=2", "strategy.tensor_parallel_size=2"]))
+    assert hybrid.errors == [] and hybrid.warnings == []
+    seq = validate(composed(["cluster.processes_per_node=4", "strategy.context_parallel_size=2", "train.seq_len=66"]))
+    assert {"strategy.context_parallel_size", "train.seq_len"} <= set(seq.keys())
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from fsdp_workflow.config.schema import BOUNDS_KEY, WorkflowConfig
 PACKAGE = Path(__file__).resolve().parents[2] / "fsdp_workflow"
 
 READ_ONLY_BY_VALIDATION = {
-    "strategy.tensor_parallel_size": "values above 1 are refused until the mesh is built; 1 is what runs",
-    "strategy.context_parallel_size": "values above 1 are refused until the mesh is built; 1 is what runs",
+    "strategy.context_parallel_size": "values above 1 are refused (context parallelism is not built: "
+                                      "docs/parallelism.md); 1 is what runs",
     "train.global_batch_size": "a declared target: validation refuses any value other than what "
                                "micro_batch_size x grad_accum_steps x data-parallel size gives",
 }

@@ -20,7 +20,7 @@ from fsdp_workflow.plan.render import render_all, shell_join
 from fsdp_workflow.plan.spec import build_plan
 
 GOLDEN = Path(__file__).parent / "golden"
-EXPERIMENTS = ["smoke", "llama8b_fft", "llama8b_zero3", "qwen7b_fft", "mistral7b_fft"]
+EXPERIMENTS = ["smoke", "llama8b_fft", "llama8b_zero3", "qwen7b_fft", "mistral7b_fft", "llama70b_tp"]
 REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"
 
 
