@@ -59,8 +59,8 @@ def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.
         fd: The output file, open for reading.
         name: The output file's name, for messages.
         bufs: Two byte buffers of :data:`SLAB_BYTES`, reused across calls.
-        every: Compare every slab (1, full mode) or, in fast mode, every ``every``-th slab plus
-            each slab holding a chunk's first or last row (its boundary), the first and the last.
+        every: Compare every slab (1, full mode) or, in fast mode, every ``every``-th slab and the
+            last, plus, from the others, each row where a chunk starts or ends (its boundary).
 
     Returns:
         What was compared and whether it matched, with the checksum of the output bytes.
@@ -100,12 +100,9 @@ def _walk(e: Expected, offset: int, fd: int, name: str, kind: str, opened: list[
     shape = e.shape or (1,)
     obuf, sbuf = bufs
     slab = SLAB_BYTES if kind == "bytes" else ROUND_SLAB_BYTES
-    slabs = list(_slabs(shape, out_item, slab))
     compared = 0
-    for index, (base, lead, lo_j, hi_j, j) in enumerate(slabs):
+    for base, lead, lo_j, hi_j, j in _chosen(list(_slabs(shape, out_item, slab)), every, opened, shape):
         box = (hi_j - lo_j,) + shape[j + 1:]
-        if every > 1 and index % every and index != len(slabs) - 1 and not _at_boundary(opened, lead, lo_j, hi_j, j):
-            continue
         n_out = _numel(box) * out_item
         compared += _numel(box)
         raw = _view(fd, offset + base * out_item, n_out, name, obuf)
@@ -133,31 +130,48 @@ def _walk(e: Expected, offset: int, fd: int, name: str, kind: str, opened: list[
             bad_here += [base + int(bad[0])] if len(bad) else []
         if bad_here:
             return min(bad_here), compared / max(1, _numel(shape))  # the tensor is wrong; its checksum is not needed
-    return None, compared / max(1, _numel(shape)) if slabs else 1.0
-
-
-def _at_boundary(opened: list[list[OpenChunk]], lead: tuple[int, ...], lo_j: int, hi_j: int, j: int) -> bool:
-    """Does the slab hold the first or last index of some chunk along a dimension up to ``j``?
-
-    Dimensions after ``j`` are whole in every slab, so their chunk edges are in every slab compared.
-    """
-    for chunks in opened:
-        for oc in chunks:
-            offs, sizes = oc.box.offsets or (0,), oc.box.sizes or (1,)
-            if any(not (o <= i < o + s) for i, o, s in zip(lead, offs, sizes)):
-                continue
-            if any(i in (o, o + s - 1) for i, o, s in zip(lead, offs, sizes)):
-                return True
-            first, last = offs[j], offs[j] + sizes[j] - 1
-            if lo_j <= first < hi_j or lo_j <= last < hi_j:
-                return True
-    return False
+    return None, compared / _numel(shape) if _numel(shape) else 1.0
 
 
 def _first_diff(a: np.ndarray, b: np.ndarray, region: tuple[slice, ...], box: tuple[int, ...]) -> int:
     """Flat index, within the slab's box, of the first element where ``a`` (the output region) and ``b`` differ."""
     where = np.argwhere((a != b).any(axis=-1))[0]
     return int(np.ravel_multi_index(tuple(int(w) + (r.start or 0) for w, r in zip(where, region)), box))
+
+
+def _chosen(slabs: list[tuple[int, tuple[int, ...], int, int, int]], every: int, opened: list[list[OpenChunk]],
+            shape: tuple[int, ...]) -> Iterator[tuple[int, tuple[int, ...], int, int, int]]:
+    """The slabs to compare: all of them (``every`` 1); in fast mode every ``every``-th, the last,
+    and from each other slab only the rows where a chunk starts or ends (its boundaries)."""
+    for index, (base, lead, lo_j, hi_j, j) in enumerate(slabs):
+        if every == 1 or index % every == 0 or index == len(slabs) - 1:
+            yield base, lead, lo_j, hi_j, j
+            continue
+        rows = _boundary_rows(opened, lead, lo_j, hi_j, j)
+        if rows is None:
+            yield base, lead, lo_j, hi_j, j
+            continue
+        inner = _numel(shape[j + 1:])
+        for r in sorted(rows):
+            yield base + (r - lo_j) * inner, lead, r, r + 1, j
+
+
+def _boundary_rows(opened: list[list[OpenChunk]], lead: tuple[int, ...], lo_j: int, hi_j: int, j: int) -> set[int] | None:
+    """Indices along ``j`` in ``[lo_j, hi_j)`` where a chunk meeting the slab starts or ends; None: the whole slab.
+
+    Dimensions after ``j`` are whole in every slab, so their chunk edges are in every row
+    compared; a fixed index before ``j`` at a chunk's edge makes the whole slab a boundary.
+    """
+    rows: set[int] = set()
+    for chunks in opened:
+        for oc in chunks:
+            offs, sizes = oc.box.offsets or (0,), oc.box.sizes or (1,)
+            if any(not (o <= i < o + s) for i, o, s in zip(lead, offs, sizes)):
+                continue
+            if any(i in (o, o + s - 1) for i, o, s in zip(lead, offs, sizes)):
+                return None
+            rows.update(r for r in (offs[j], offs[j] + sizes[j] - 1) if lo_j <= r < hi_j)
+    return rows
 
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
