@@ -6,12 +6,15 @@ options, resolve the source, plan the files, write, verify, commit.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .casting import CLI_DTYPES
+from .errors import ConsolidationError
 from .options import check_options
 from .report import VerificationReport
 from .source import Selection, resolve_source
@@ -99,13 +102,45 @@ def consolidate(
         plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
         settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype, weights,
                                  full_verify or remove_sharded)  # shards are deleted only after every byte was compared
-        with staging_dir(out) as staging:
-            written = write_output(source, plan, staging, settings)
-            report = verify_output(source, plan, written, verify=verify, from_pretrained_max_bytes=from_pretrained_max_bytes)
-            commit_output(staging, out, report, source)
+        check_space(out, plan.total_bytes)
+        try:
+            with staging_dir(out) as staging:
+                written = write_output(source, plan, staging, settings)
+                report = verify_output(source, plan, written, verify=verify,
+                                       from_pretrained_max_bytes=from_pretrained_max_bytes)
+                commit_output(staging, out, report, source)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            raise ConsolidationError(
+                f"{out}: the disk filled while writing the model ([Errno {exc.errno}] {exc.strerror}); the partial "
+                f"output was removed and the checkpoint is untouched. Free space, or write elsewhere "
+                f"(about {plan.total_bytes} bytes are needed)") from None
     finally:
         source.close()  # DeepSpeed staging files
     if remove_sharded:
         remove_sources(source)
     return ConsolidationResult(out, len(plan.tensors), plan.total_bytes, [f.name for f in plan.files], source.layout,
                                source.dirs, report, time.time() - t0)
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def check_space(out: Path, need: int) -> None:
+    """Refuse before writing when the filesystem that will hold ``out`` has less free space than the weights need.
+
+    The copy would otherwise fail part-way (and be cleaned up) after minutes of work. A
+    quota (EDQUOT) is not visible here; the write-time error then says the same thing.
+
+    Raises:
+        ConsolidationError: naming the directory, the bytes free and the bytes needed.
+    """
+    where = out.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ConsolidationError(
+            f"{out}: [Errno {errno.ENOSPC}] No space left on device: {where} has {free} bytes free and the "
+            f"model's weights need {need}. Free space or choose another output directory; nothing was written.")

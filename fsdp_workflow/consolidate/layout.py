@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdp_workflow.core.checkpoint_health import dcp_problem
 from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, DCP_METADATA, HF_ASSETS_DIR, parse_step, step_name
 
 from .deepspeed import find_deepspeed_dir
@@ -149,7 +150,12 @@ def _missing_metadata(d: Path) -> Path:
 
 def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: int | None,
                 average_last: int | None, steps: list[int] | None) -> tuple[list[int], list[DcpHit], list[str]]:
-    """Return (steps, find_dcp_dir result per step, notes); the default is the newest *complete* step."""
+    """Return (steps, find_dcp_dir result per step, notes); the default is the newest *complete* step.
+
+    Complete-looking steps whose files fail :func:`~fsdp_workflow.core.checkpoint_health.dcp_problem`
+    (a truncated shard, a garbled ``.metadata``) are skipped with a note, as resume skips them;
+    they are left where they are (the trainer, not the consolidator, sets them aside).
+    """
     avail = sorted(found)
     if not avail:
         raise ConsolidationError(f"{where}: no step-N / checkpoint-N directories (found: {_subdirs(where) or 'nothing'})")
@@ -174,15 +180,25 @@ def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: 
     chosen: list[int] = []
     picked: list[DcpHit] = []
     skipped: list[int] = []
+    corrupt: dict[int, str] = {}  # complete-looking steps whose files fail core.checkpoint_health
     for s in reversed(avail):
         hit = _open_step(found[s], subtree)
         if hit is None:
             skipped.append(s)
             continue
+        # A tampered .metadata stays an error (the reader refuses it); DeepSpeed steps are checked by their reader.
+        problem = dcp_problem(hit[0], report_unsafe=False) if _is_dcp(hit[0]) else None
+        if problem is not None:
+            corrupt[s] = problem
+            continue
         chosen.insert(0, s)
         picked.insert(0, hit)
         if len(chosen) == want:
             break
+    if not chosen and corrupt:
+        raise ConsolidationError(
+            f"{where}: no checkpoint that verifies: " + "; ".join(f"step {s}: {p}" for s, p in sorted(corrupt.items()))
+            + ". Restore a good copy, or name one explicitly with --step to see its error.")
     if not chosen:
         raise IncompleteCheckpointError(
             f"{where}: no complete checkpoint: every step directory lacks '.metadata' "
@@ -196,6 +212,8 @@ def _pick_steps(found: dict[int, Path], where: Path, subtree: str | None, step: 
     using = f"step {chosen[-1]}, the newest complete step" if want == 1 else f"the newest complete steps {chosen}"
     notes = [f"{found[s]}: skipped, {_missing_metadata(found[s])} is missing (an unfinished save or a copy in "
              f"progress); using {using}" for s in skipped]
+    notes += [f"{found[s]}: skipped, it fails verification ({problem}); using {using}"
+              for s, problem in sorted(corrupt.items())]
     return chosen, picked, notes
 
 

@@ -57,14 +57,21 @@ class _StructureUnpickler(AllowListUnpickler):
         return type(name, (_Placeholder,), {})
 
 
-def dcp_problem(path: Path) -> Optional[str]:
-    """What is wrong with the DCP checkpoint in ``path`` (None: it looks whole)."""
+def dcp_problem(path: Path, report_unsafe: bool = True) -> Optional[str]:
+    """What is wrong with the DCP checkpoint in ``path`` (None: it looks whole).
+
+    Args:
+        path: the directory holding ``.metadata``.
+        report_unsafe: False returns None for a ``.metadata`` the allow-list refuses, so a
+            caller whose own reader refuses it loudly (the consolidator: a tampered file is an
+            error, not a step to skip quietly) gets that error instead.
+    """
     meta_path = path / DCP_METADATA
     try:
         data = meta_path.read_bytes()
         metadata = _StructureUnpickler(io.BytesIO(data), str(meta_path)).load()
     except UnsafePickleError as exc:
-        return str(exc)
+        return str(exc) if report_unsafe else None
     except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
         return f"{meta_path} cannot be parsed ({type(exc).__name__}: {exc}): truncated or garbled"
     items = getattr(metadata, "state_dict_metadata", None)

@@ -103,7 +103,7 @@ def test_missing_shard(trained, tmp_path):
     run = _copy_run(trained, tmp_path)
     (run / "checkpoints" / "step-4" / "__1_0.distcp").unlink()
     with pytest.raises(ConsolidationError, match=r"__1_0\.distcp: shard file is missing"):
-        consolidate(run, tmp_path / "out", progress=False)
+        consolidate(run / "checkpoints" / "step-4", tmp_path / "out", progress=False)
     _assert_nothing_written(tmp_path / "out")
 
 
@@ -112,8 +112,30 @@ def test_truncated_shard(trained, tmp_path):
     shard = run / "checkpoints" / "step-4" / "__0_0.distcp"
     os.truncate(shard, shard.stat().st_size - 100)
     with pytest.raises(ConsolidationError, match=r"__0_0\.distcp: shard file is truncated"):
-        consolidate(run, tmp_path / "out", progress=False)
+        consolidate(run, tmp_path / "out", step=4, progress=False)
     _assert_nothing_written(tmp_path / "out")
+
+
+def test_the_default_step_skips_a_corrupt_newest_checkpoint_with_a_note(trained, tmp_path):
+    """As resume does: a truncated newest shard or garbled .metadata sends the default choice to an older step."""
+    run = _copy_run(trained, tmp_path)
+    ckpts = run / "checkpoints"
+    shard = ckpts / "step-4" / "__0_0.distcp"
+    os.truncate(shard, shard.stat().st_size - 100)
+    before = sorted((p.name, p.stat().st_size) for p in (ckpts / "step-4").iterdir())
+    result = consolidate(run, tmp_path / "out", progress=False)
+    report = json.loads((tmp_path / "out" / "verification.json").read_text())
+    assert report["ok"] is True and report.get("step") in (2, None)
+    notes = " ".join(report["notes"])
+    assert f"{ckpts / 'step-4'}: skipped, it fails verification (shard {shard} is truncated" in notes
+    assert "using step 2, the newest complete step" in notes
+    assert sorted((p.name, p.stat().st_size) for p in (ckpts / "step-4").iterdir()) == before  # left alone
+    assert result.num_tensors > 0
+
+    (ckpts / "step-2" / ".metadata").write_bytes(b"garbled")
+    with pytest.raises(ConsolidationError, match=r"no checkpoint that verifies: step 2: .*cannot be parsed.*step 4: "):
+        consolidate(run, tmp_path / "out2", progress=False)
+    _assert_nothing_written(tmp_path / "out2")
 
 
 def test_missing_metadata(trained, tmp_path):
@@ -171,3 +193,45 @@ def test_cli_bad_option_values(trained, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(tmp_path / "nope"), str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 KB tmpfs (as root; CI runs as root): the tiny model's weights (about 0.2 MB) do not fit."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        yield small
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def _files(run: Path) -> dict:
+    return {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
+
+
+def test_too_little_space_is_refused_before_anything_is_written(trained, tmp_path, small_fs):
+    run = _copy_run(trained, tmp_path)
+    shards = _files(run)
+    proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(run), str(small_fs / "out"),
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{small_fs / 'out'}: [Errno 28] No space left on device: {small_fs} has" in proc.stderr, proc.stderr
+    assert "nothing was written" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(small_fs.iterdir()) == []
+    assert _files(run) == shards
+
+
+def test_a_disk_that_fills_during_the_copy_leaves_no_partial_model(trained, tmp_path, small_fs, monkeypatch):
+    """The free-space check passes (a quota it cannot see, or another writer): ENOSPC mid-copy, cleaned up."""
+    from fsdp_workflow.consolidate import api
+
+    run = _copy_run(trained, tmp_path)
+    shards = _files(run)
+    monkeypatch.setattr(api, "check_space", lambda out, need: None)
+    with pytest.raises(ConsolidationError, match=r"out: the disk filled while writing the model \(\[Errno 28\] No "
+                                                 r"space left on device\); the partial output was removed"):
+        consolidate(run, small_fs / "out", progress=False)
+    assert list(small_fs.iterdir()) == []
+    assert _files(run) == shards

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from fsdp_workflow.core.checkpoint_health import checkpoint_problem
+from fsdp_workflow.core.checkpoint_health import checkpoint_problem, dcp_problem
 from fsdp_workflow.core.rundir import DCP_METADATA, RunDir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "consolidate" / "fixtures"
@@ -59,6 +59,7 @@ def test_metadata_naming_a_foreign_global_is_refused_not_run(ckpt: Path, tmp_pat
 
     (ckpt / DCP_METADATA).write_bytes(pickle.dumps(Payload()))
     assert "refusing to unpickle global" in (checkpoint_problem(ckpt) or "")
+    assert dcp_problem(ckpt, report_unsafe=False) is None  # left to a reader that refuses it loudly
     assert not marker.exists()
 
 
