@@ -35,5 +35,25 @@ def weird_dir(request, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def small_fs(request, tmp_path: Path):
+    """A real size-limited tmpfs under ``tmp_path`` (as root; CI runs as root), unmounted afterwards.
+
+    The size comes from ``@pytest.mark.fs_size("3200k")`` on the test (default 64k): a
+    filesystem that fills up for real, with the kernel's own ENOSPC.
+    """
+    import subprocess
+
+    marker = request.node.get_closest_marker("fs_size")
+    size = marker.args[0] if marker else "64k"
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
 def python() -> str:
     return sys.executable

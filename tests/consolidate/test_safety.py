@@ -195,18 +195,6 @@ def test_cli_bad_option_values(trained, tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 64 KB tmpfs (as root; CI runs as root): the tiny model's weights (about 0.2 MB) do not fit."""
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
-    try:
-        yield small
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
-
-
 def _files(run: Path) -> dict:
     return {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
 
