@@ -3,15 +3,23 @@
 Run::
 
     python benchmarks/consolidate_bench.py --sizes 1.5 3 --ranks 2
+    python benchmarks/consolidate_bench.py --hashes     # checksum throughput on this machine
 
 For each size it writes a synthetic Llama-shaped bf16 checkpoint (``--ranks`` FSDP shards)
 under ``benchmarks/_work/`` and runs, each in its own subprocess under ``/usr/bin/time``,
 in ``--repeats`` interleaved rounds (median wall reported, every run listed): this
-consolidator with its architecture cache disabled (``FSDP_WORKFLOW_NO_CACHE=1``, so each
-run is what a first consolidation of a new config costs), ``accelerate.utils.merge_fsdp_weights``,
-torch's ``dcp_to_torch_save`` and ``cp -r`` of the shards. The page cache is warmed first
-so every tool reads from memory, and ``sync`` runs before each timed command. Prints a
-markdown table of wall time, peak RSS and ratios; ``--keep`` keeps the data.
+consolidator with its default verification, with ``--full-verify`` and with ``--no-verify`` (architecture cache
+disabled, ``FSDP_WORKFLOW_NO_CACHE=1``, so each run is what a first consolidation of a new
+config costs), ``accelerate.utils.merge_fsdp_weights``, torch's ``dcp_to_torch_save`` and
+``cp -r`` of the shards. The page cache is warmed first so every tool reads from memory,
+and ``sync`` runs before each timed command. Prints a markdown table of wall time, peak
+RSS and ratios (of medians, and the median of each round's ratio to ``cp -r``) with the
+load average before and after; ``--keep`` keeps the data, ``--no-others`` skips
+Accelerate and torch (they take most of the time).
+
+``--hashes`` times the checksums a verification could keep per tensor (sha256 and the
+other hashlib digests, zlib's crc32/adler32, and ``xxhash``, ``blake3``, ``crc32c`` when
+installed) over 512 MiB in 1 MiB slabs, on one thread and on two.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ def warm_cache(path: Path) -> None:
                     pass
 
 
-def bench(gb: float, ranks: int, keep: bool, repeats: int) -> list:
+def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list:
     from fsdp_workflow.consolidate.synthetic import write_llama_run
 
     run = WORK / f"run-{gb}gb"
@@ -66,49 +74,129 @@ def bench(gb: float, ranks: int, keep: bool, repeats: int) -> list:
                 f"merge_fsdp_weights({str(ckpt)!r}, {str(WORK / 'out-acc')!r}, safe_serialization=True)")
     torch_code = ("from torch.distributed.checkpoint.format_utils import dcp_to_torch_save; "
                   f"dcp_to_torch_save({str(ckpt)!r}, {str(WORK / 'out-torch.pt')!r})")
+    ours = [py, "-m", "fsdp_workflow.consolidate", str(run)]
     tools = [
         # FSDP_WORKFLOW_NO_CACHE: every run costs what a first consolidation of a new config costs
-        ("fsdp_workflow.consolidate (default verification, no cache)",
-         [py, "-m", "fsdp_workflow.consolidate", str(run), str(WORK / "out-ours"), "--no-progress"], WORK / "out-ours"),
+        ("fsdp_workflow.consolidate (default verification: fast)", ours + [str(WORK / "out-ours"), "--no-progress"],
+         WORK / "out-ours"),
+        ("fsdp_workflow.consolidate --full-verify", ours + [str(WORK / "out-full"), "--no-progress", "--full-verify"],
+         WORK / "out-full"),
+        ("fsdp_workflow.consolidate --no-verify", ours + [str(WORK / "out-nv"), "--no-progress", "--no-verify"],
+         WORK / "out-nv"),
         ("accelerate merge_fsdp_weights", [py, "-c", acc_code], WORK / "out-acc"),
         ("torch dcp_to_torch_save", [py, "-c", torch_code], WORK / "out-torch.pt"),
         ("cp -r (floor)", ["cp", "-r", str(ckpt), str(WORK / "out-cp")], WORK / "out-cp"),
     ]
+    if not others:
+        tools = [t for t in tools if not t[0].startswith(("accelerate", "torch"))]
     samples: dict = {name: [] for name, _, _ in tools}
+    load_before = os.getloadavg()
     # Interleaved rounds, median wall: this machine's disk write-back makes single runs noisy.
     for _ in range(repeats):
         for name, cmd, out in tools:
             samples[name].append(timed(cmd, env))
-            if name.startswith("fsdp_workflow"):
-                notes = json.loads((out / "verification.json").read_text())["architecture"]["notes"]
-                print(f"{name}: architecture check: {notes}", file=sys.stderr)
+            if "verif" in name and "no-verify" not in name:
+                v = json.loads((out / "verification.json").read_text())
+                print(f"{name}: ok={v['ok']}, compared {v['values']['compared']} tensors, "
+                      f"{v['values']['bytes_compared_fraction']:.3f} of the bytes; architecture check: "
+                      f"{v['architecture']['notes']}", file=sys.stderr)
             shutil.rmtree(out) if out.is_dir() else out.unlink()
+    load_after = os.getloadavg()
+    cp_runs = [w for w, _ in samples["cp -r (floor)"]]
     rows = [(name, statistics.median(w for w, _ in runs), max(r for _, r in runs), [w for w, _ in runs])
             for name, runs in samples.items()]
     print(f"\n### {size / 1e9:.2f} GB bf16, {ranks} ranks, {os.cpu_count()} CPUs, median of {repeats}\n")
-    acc = rows[1][1]
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
+          f"after: {', '.join(f'{x:.2f}' for x in load_after)}\n")
+    acc = next((r[1] for r in rows if r[0].startswith("accelerate")), None)
     cp = rows[-1][1]
-    print("| tool | wall s (median) | runs | peak RSS GB | wall / Accelerate | wall / cp -r |")
-    print("|---|---|---|---|---|---|")
+    print("| tool | wall s (median) | runs | peak RSS MB | wall / cp -r (medians) | median of per-round / cp -r | wall / Accelerate |")
+    print("|---|---|---|---|---|---|---|")
     for name, wall, rss, walls in rows:
         runs_s = ", ".join(f"{w:.2f}" for w in walls)
-        print(f"| {name} | {wall:.2f} | {runs_s} | {rss:.2f} | {wall / acc:.2f} | {wall / cp:.2f} |")
+        per_round = statistics.median(w / c for w, c in zip(walls, cp_runs))
+        vs_acc = f"{wall / acc:.2f}" if acc else "-"
+        print(f"| {name} | {wall:.2f} | {runs_s} | {rss * 1000:.0f} | {wall / cp:.2f} | {per_round:.2f} | {vs_acc} |")
     sys.stdout.flush()
     if not keep:
         shutil.rmtree(run)
     return rows
 
 
+def hashes(total_mb: int = 512, slab: int = 1 << 20) -> None:
+    """Throughput of per-tensor checksum candidates, 1 and 2 threads (each hashes its own half)."""
+    import hashlib
+    import time
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = memoryview(os.urandom(total_mb << 20))
+
+    def obj(ctor):  # a hashlib-style object
+        return lambda part: _feed(ctor(), part, slab)
+
+    def crc(fn, start):
+        def run(part):
+            h = start
+            for i in range(0, len(part), slab):
+                h = fn(part[i:i + slab], h)
+            return h
+        return run
+
+    cands = {"sha256": obj(hashlib.sha256), "sha1": obj(hashlib.sha1), "md5": obj(hashlib.md5),
+             "blake2b": obj(hashlib.blake2b), "zlib.crc32": crc(zlib.crc32, 0), "zlib.adler32": crc(zlib.adler32, 1)}
+    try:
+        import xxhash
+        cands.update({"xxhash.xxh64": obj(xxhash.xxh64), "xxhash.xxh3_64": obj(xxhash.xxh3_64),
+                      "xxhash.xxh3_128": obj(xxhash.xxh3_128)})
+    except ImportError:
+        print("xxhash not installed")
+    try:
+        import blake3
+        cands["blake3 (one thread per hasher)"] = obj(blake3.blake3)
+    except ImportError:
+        print("blake3 not installed")
+    try:
+        import crc32c
+        cands["crc32c"] = crc(lambda b, h: crc32c.crc32c(b, h), 0)
+    except ImportError:
+        print("crc32c not installed")
+    print(f"load average before: {os.getloadavg()[0]:.2f}\n")
+    print("| checksum | GB/s, 1 thread | GB/s, 2 threads |")
+    print("|---|---|---|")
+    for name, fn in cands.items():
+        rates = []
+        for threads in (1, 2):
+            n = len(data) // threads
+            t = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(fn, [data[i * n:(i + 1) * n] for i in range(threads)]))
+            rates.append(len(data) / (time.perf_counter() - t) / 1e9)
+        print(f"| {name} | {rates[0]:.2f} | {rates[1]:.2f} |")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+def _feed(h, part: memoryview, slab: int) -> str:
+    for i in range(0, len(part), slab):
+        h.update(part[i:i + slab])
+    return h.hexdigest()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="benchmark consolidation tools")
     p.add_argument("--sizes", type=float, nargs="+", default=[1.5, 3.0], help="checkpoint sizes in GB")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median wall is reported")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds; the median wall is reported")
     p.add_argument("--keep", action="store_true", help="keep the synthetic checkpoints in benchmarks/_work/")
+    p.add_argument("--no-others", action="store_true", help="skip Accelerate and torch (ours against cp -r only)")
+    p.add_argument("--hashes", action="store_true", help="only time the checksum candidates")
     a = p.parse_args()
+    if a.hashes:
+        hashes()
+        return
     WORK.mkdir(parents=True, exist_ok=True)
     for gb in a.sizes:
-        bench(gb, a.ranks, a.keep, a.repeats)
+        bench(gb, a.ranks, a.keep, a.repeats, not a.no_others)
     if not a.keep:
         shutil.rmtree(WORK, ignore_errors=True)
 

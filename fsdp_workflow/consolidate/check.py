@@ -37,7 +37,7 @@ from .report import TensorEntry, ValuesReport
 from .source import Source
 
 CHECKSUM = "xxh3_128"
-FAST_EVERY = 8  # fast mode: every 8th slab (1/8 of the bytes) plus every chunk boundary, first and last slab
+FAST_EVERY = 8  # fast mode: one slab in 8 (1/8 of the bytes) plus every chunk boundary
 _CHECKS = {
     "bytes": "byte equality with every source chunk, placed with numpy slicing",
     "rounding": "each value is its source value rounded to nearest-even in the output dtype",
@@ -195,9 +195,9 @@ def _summary(results: dict[str, TensorCheck], notes: list[str], every: int = 1,
     total = sum((sizes or {}).get(n, 0) for n in results)
     share = sum(r.fraction * (sizes or {}).get(n, 0) for n, r in results.items()) / total if total else 1.0
     mode = "full: every byte of every tensor" if every == 1 else (
-        f"fast: every tensor, its chunk boundaries (first and last row of each chunk), its first and last slab "
-        f"and every {every}th slab of {SLAB_BYTES >> 20} MiB; equal_to_source is null where not every byte was "
-        "compared, and the checksum is left empty there (pass --full-verify for every byte)")
+        f"fast: every tensor, at its chunk boundaries (the first and last row of each chunk) and on one slab of "
+        f"{SLAB_BYTES >> 20} MiB in {every} (tensors of one slab whole); equal_to_source is null where not every "
+        "byte was compared, and the checksum is left empty there (pass --full-verify for every byte)")
     return {"compared": len(results), "mode": mode, "bytes_compared_fraction": round(share, 4),
             "checks": {k: _CHECKS[k] for k in kinds}, "checksum": CHECKSUM,
             "chunks": sum(r.chunks for r in results.values()), "chunks_listed": sum(r.listed for r in results.values()),
