@@ -31,7 +31,8 @@ from .average import normalise_weights
 from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
-from .hf_assets import copy_assets, dominant_float_dtype, write_config
+from .card import base_model_dirs, find_run_dir, write_model_card
+from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .keys import TiedPair, map_keys, tied_pair
 from .report import VerificationReport
 from .source import Source
@@ -196,9 +197,9 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
                 bar.close()
         tied_identical = digests[0].result() == digests[1].result() if digests else None
     if len(plan.files) > 1:
-        index = {"metadata": {"total_size": plan.total_bytes},
-                 "weight_map": {t.name: plan.files[t.file_index].name for t in plan.tensors}}
-        (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        metadata = index_metadata((t.sources[0].numel, t.nbytes) for t in plan.tensors)
+        weight_map = {t.name: plan.files[t.file_index].name for t in plan.tensors}
+        (staging / INDEX_FILE).write_text(index_text(metadata, weight_map))  # as transformers' save_pretrained
     outcome = verifier.finish() if verifier else None
     arch = arch_check.result() if arch_check else None
     archs = ref.architectures if ref else []
@@ -208,6 +209,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     if ref is not None:
         copied = copy_assets(ref.path, staging, ref.config)
         write_config(ref.config, staging, archs, plan.dtype)
+    copied += copy_licenses(base_model_dirs(ref.path if ref else None, find_run_dir(source.dirs)), staging)
     return Written(staging, tied_identical, copied, archs, arch, outcome)
 
 
@@ -308,7 +310,7 @@ def _check_loading(report: VerificationReport, plan: OutputPlan, written: Writte
 
 
 def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source) -> None:
-    """Write verification.json, then move the staging directory to ``out`` if the report is ok.
+    """Write verification.json and, once it is ok, the model card (README.md); then move the staging directory to ``out``.
 
     Args:
         staging: The written model (:func:`write_output`).
@@ -324,6 +326,10 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
     if not report["ok"]:
         raise ConsolidationError(f"verification failed for {source.dirs[-1]}: " + "; ".join(report["errors"])
                                  + f". Nothing was written to {out}.")
+    note = write_model_card(staging, source.dirs, source.reference.path if source.reference else None, report,
+                            final_dir=out)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     os.rename(staging, out)
 
 

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_workflow.consolidate import consolidate
-from fsdp_workflow.consolidate.card import base_model_dirs, find_run_dir, read_run_facts, write_model_card
+from fsdp_workflow.consolidate.card import read_run_facts, write_model_card
 from fsdp_workflow.consolidate.hf_assets import (
     CARD_FILE,
     copy_licenses,
@@ -92,14 +92,8 @@ def make_run(root: Path, model: LlamaForCausalLM, *, base: str = "/nonexistent/b
 
 
 def ship(run_or_src: Path, out: Path, **kwargs: object) -> Path:
-    """consolidate(), then the extras as commit_output will add them (into the final directory here)."""
-    result = consolidate(run_or_src, out, progress=False, **kwargs)  # type: ignore[arg-type]
-    reference = Path(kwargs["reference"]) if kwargs.get("reference") else None  # type: ignore[arg-type]
-    run_dir = find_run_dir(result.sources)
-    if reference is None and run_dir is not None:
-        reference = RunDir(run_dir).hf_assets
-    copy_licenses(base_model_dirs(reference, run_dir), out)
-    assert write_model_card(out, result.sources, reference, result.verification, final_dir=out) is None
+    """consolidate() as the CLI and the chain run it: the card and the licences come with the model."""
+    consolidate(run_or_src, out, progress=False, **kwargs)  # type: ignore[arg-type]
     return out / CARD_FILE
 
 
