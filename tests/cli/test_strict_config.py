@@ -71,9 +71,10 @@ NEW_INVALID: List[Tuple[List[str], str]] = [
     (["consolidate.max_shard_size=5XB"], "consolidate.max_shard_size"),
     (["consolidate.output_dir=${run_dir}/checkpoints"], "consolidate.output_dir"),
     (["consolidate.output_dir=${run_dir}"], "consolidate.output_dir"),
-    # features not built yet are refused, not ignored
+    # context parallelism cannot keep packed documents apart: refused, not ignored
     (["strategy.context_parallel_size=2"], "strategy.context_parallel_size"),
-    (["strategy.tensor_parallel_size=2"], "strategy.tensor_parallel_size"),
+    # a tensor-parallel size that does not divide the world (2 processes)
+    (["strategy.tensor_parallel_size=3"], "strategy.tensor_parallel_size"),
     # launchers that cannot honour the run
     (["cluster.launcher=accelerate"], "cluster.launcher"),  # on CPU
     # #SBATCH tokens, checked with everything else instead of while rendering
@@ -103,6 +104,7 @@ VALID: List[List[str]] = [
      "cluster.consolidate_mem_gb=24"],
     ["experiment=null"],
     ["~experiment"],
+    ["+experiment=smoke", "strategy.tensor_parallel_size=2"],  # dp_shard 1 x tp 2 on the 2 processes
 ]
 
 
