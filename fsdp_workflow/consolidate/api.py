@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS
+
 from .casting import CLI_DTYPES
 from .errors import ConsolidationError
 from .options import check_options
@@ -123,8 +125,6 @@ def consolidate(
     return ConsolidationResult(out, len(plan.tensors), plan.total_bytes, [f.name for f in plan.files], source.layout,
                                source.dirs, report, time.time() - t0)
 
-
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def check_space(out: Path, need: int) -> None:

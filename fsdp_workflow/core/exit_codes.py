@@ -4,10 +4,14 @@ They are a contract between the trainer (which knows nothing of Slurm) and
 the rendered job scripts (which decide what to do with each code).
 """
 
+import errno
+
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected error: a traceback was printed
 EXIT_USAGE = 2  # bad config or arguments: a message naming the key was printed, nothing ran
 EXIT_DISK_FULL = 74  # EX_IOERR: a save hit ENOSPC/EDQUOT; the previous checkpoint is intact, free space and resubmit
+# The errnos that mean "disk full" (EDQUOT: over a quota), for every stage that writes big files.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: preempted or out of time, a checkpoint was saved; requeue me
 EXIT_PEER_TIMEOUT = 76  # EX_PROTOCOL: a collective timed out (cluster.rdzv_timeout_s): another rank stopped answering
 # torchrun reports any failed worker as 1, so the job scripts requeue on the run directory's

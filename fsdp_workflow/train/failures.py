@@ -25,7 +25,9 @@ import re
 from pathlib import Path
 from typing import Iterator, Optional
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS
+
+DIST_ERRORS = ("DistBackendError", "DistStoreError", "DistNetworkError")
 # gloo: "Timed out waiting 600000ms for recv operation to complete"; NCCL's watchdog:
 # "Watchdog caught collective operation timeout"; c10d store: "Socket Timeout" / "timed out".
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
@@ -74,7 +76,7 @@ def disk_full_detail(exc: BaseException, path: Path) -> Optional[str]:
     except OSError:
         return None
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    if free < max(LOW_SPACE_BYTES, LOW_SPACE_FRACTION * total) or free < LOW_SPACE_BYTES:
+    if free < max(LOW_SPACE_BYTES, LOW_SPACE_FRACTION * total):
         first = str(exc).strip().splitlines()
         return (f"[Errno {errno.ENOSPC}] No space left on device: '{path}' (its filesystem has {free} of {total} "
                 f"bytes free; torch reported {type(exc).__name__}: {first[-1] if first else ''})")
@@ -85,10 +87,9 @@ def collective_timeout(exc: BaseException) -> Optional[BaseException]:
     """The distributed-backend timeout behind ``exc``, if any (gloo, NCCL or the store)."""
     for e in causes(exc):
         name = type(e).__name__
-        if isinstance(e, TimeoutError) or name in ("DistBackendError", "DistStoreError", "DistNetworkError") \
-                or (isinstance(e, RuntimeError) and _TIMEOUT.search(str(e))):
-            if _TIMEOUT.search(f"{name} {e}"):
-                return e
+        backend = isinstance(e, (TimeoutError, RuntimeError)) or name in DIST_ERRORS
+        if backend and _TIMEOUT.search(f"{name} {e}"):
+            return e
     return None
 
 
