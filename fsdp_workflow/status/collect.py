@@ -1,7 +1,4 @@
-"""Where a submitted run stands: its Slurm jobs, latest checkpoint, consolidated model, evaluations.
-
-    python -m fsdp_workflow.status RUN_DIR
-    python -m fsdp_workflow.status RUN_DIR --json
+"""Collect where a submitted run stands (``RunStatus``): its Slurm jobs, latest checkpoint, model, evaluations.
 
 Jobs come from ``RUN_DIR/jobs.txt`` (written at submission). Their states come
 from ``scontrol show job`` (answers without accounting, for MinJobAge after the
@@ -12,23 +9,20 @@ logs. Also shown: the trainer's ``train_exit.json`` (code, meaning, reason), and
 which checkpoints resume will use: complete ``step-N`` that fail the cheap
 :func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` check are named
 with the reason resume will skip them, and ``step-N.corrupt`` ones set aside.
-Exit code 0, or 2 when RUN_DIR is not a run directory.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
-from fsdp_workflow.core.exit_codes import EXIT_USAGE, MEANINGS
-from fsdp_workflow.core.rundir import CONFIG_FILE, JOBS_FILE, RunDir
+from fsdp_workflow.core.exit_codes import MEANINGS
+from fsdp_workflow.core.rundir import JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
 
@@ -268,60 +262,3 @@ def collect(run_dir: Path) -> RunStatus:
             except ValueError:
                 pass
     return rs
-
-
-def format_text(rs: RunStatus) -> str:
-    lines = [f"run: {rs.run_dir}"]
-    for j in rs.jobs:
-        extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
-                 f"exit {j.exit_code}" if j.exit_code and j.status in ("done", "failed", "cancelled") else "",
-                 f"restarts {j.restarts}" if j.restarts else ""]
-        if j.restarts and j.max_requeues is not None:
-            extra[-1] += f" (cluster.max_requeues={j.max_requeues})"
-        detail = ", ".join(x for x in extra if x) or j.source
-        lines.append(f"  {j.role:<12} {j.job_id:>8}  {j.status:<10} ({detail})")
-        if j.log:
-            lines.append(f"  {'':<12} {'':>8}  log: {j.log}")
-        if j.message:
-            lines.append(f"  {'':<12} {'':>8}  {j.message}")
-    if rs.train_exit is not None:
-        te = rs.train_exit
-        lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
-                     + (f": {te['reason']}" if te.get("reason") else "")
-                     + (f" at step {te['step']}" if te.get("step") is not None else ""))
-    step = rs.latest_checkpoint_step
-    lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
-                 + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))
-    for bad in rs.skipped_checkpoints:
-        lines.append(f"checkpoint step {bad['step']}: resume will skip it: {bad['problem']}")
-    for path in rs.quarantined:
-        lines.append(f"set aside as corrupt: {path}")
-    if rs.data is not None:
-        train = rs.data.get("train") or {}
-        counts = (f"{train.get('samples')} samples, {train.get('tokens')} tokens, {train.get('trained_tokens')} trained"
-                  if train else rs.data.get("note", ""))
-        lines.append(f"data: {counts}" + (f" ({rs.data['cache']})" if rs.data.get("cache") else ""))
-    lines.append(f"consolidated model: {rs.consolidated} ({rs.consolidated_dir})")
-    if rs.last_eval:
-        lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))
-    lines += [f"note: {n}" for n in rs.notes]
-    return "\n".join(lines)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fsdp_workflow.status", description=__doc__.split("\n")[0])
-    p.add_argument("run_dir", help="the run directory given as run_dir= at submission")
-    p.add_argument("--json", action="store_true", help="print the status as JSON")
-    args = p.parse_args(argv)
-    run_dir = Path(args.run_dir).absolute()
-    if not (run_dir / CONFIG_FILE).is_file():
-        print(f"fsdp_workflow.status: {run_dir} is not a run directory (no {CONFIG_FILE}); pass the "
-              "run_dir= given to `python -m fsdp_workflow`.", file=sys.stderr)
-        return EXIT_USAGE
-    rs = collect(run_dir)
-    print(json.dumps(asdict(rs), indent=2) if args.json else format_text(rs))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

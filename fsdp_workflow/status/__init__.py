@@ -1,0 +1,11 @@
+"""``python -m fsdp_workflow.status RUN_DIR``: where a submitted run stands.
+
+:mod:`.collect` reads the run directory, Slurm and the checkpoints into a
+``RunStatus``; :mod:`.text` renders it for a terminal; :mod:`.__main__` is the
+command line.
+"""
+
+from fsdp_workflow.status.collect import RunStatus, collect
+from fsdp_workflow.status.text import format_text
+
+__all__ = ["RunStatus", "collect", "format_text"]

@@ -1,0 +1,41 @@
+"""Where a submitted run stands: its Slurm jobs, latest checkpoint, consolidated model, evaluations.
+
+    python -m fsdp_workflow.status RUN_DIR
+    python -m fsdp_workflow.status RUN_DIR --json
+
+See :mod:`fsdp_workflow.status` for what is read and from where.
+Exit code 0, or 2 when RUN_DIR is not a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Optional
+
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.rundir import CONFIG_FILE
+from fsdp_workflow.status.collect import collect
+from fsdp_workflow.status.text import format_text
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fsdp_workflow.status", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", help="the run directory given as run_dir= at submission")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir).absolute()
+    if not (run_dir / CONFIG_FILE).is_file():
+        print(f"fsdp_workflow.status: {run_dir} is not a run directory (no {CONFIG_FILE}); pass the "
+              "run_dir= given to `python -m fsdp_workflow`.", file=sys.stderr)
+        return EXIT_USAGE
+    rs = collect(run_dir)
+    print(json.dumps(asdict(rs), indent=2) if args.json else format_text(rs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

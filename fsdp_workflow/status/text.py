@@ -1,0 +1,43 @@
+"""The status report as terminal text (``format_text``); the data comes from :mod:`.collect`."""
+
+from __future__ import annotations
+
+from fsdp_workflow.status.collect import RunStatus
+
+
+def format_text(rs: RunStatus) -> str:
+    lines = [f"run: {rs.run_dir}"]
+    for j in rs.jobs:
+        extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
+                 f"exit {j.exit_code}" if j.exit_code and j.status in ("done", "failed", "cancelled") else "",
+                 f"restarts {j.restarts}" if j.restarts else ""]
+        if j.restarts and j.max_requeues is not None:
+            extra[-1] += f" (cluster.max_requeues={j.max_requeues})"
+        detail = ", ".join(x for x in extra if x) or j.source
+        lines.append(f"  {j.role:<12} {j.job_id:>8}  {j.status:<10} ({detail})")
+        if j.log:
+            lines.append(f"  {'':<12} {'':>8}  log: {j.log}")
+        if j.message:
+            lines.append(f"  {'':<12} {'':>8}  {j.message}")
+    if rs.train_exit is not None:
+        te = rs.train_exit
+        lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
+                     + (f": {te['reason']}" if te.get("reason") else "")
+                     + (f" at step {te['step']}" if te.get("step") is not None else ""))
+    step = rs.latest_checkpoint_step
+    lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
+                 + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))
+    for bad in rs.skipped_checkpoints:
+        lines.append(f"checkpoint step {bad['step']}: resume will skip it: {bad['problem']}")
+    for path in rs.quarantined:
+        lines.append(f"set aside as corrupt: {path}")
+    if rs.data is not None:
+        train = rs.data.get("train") or {}
+        counts = (f"{train.get('samples')} samples, {train.get('tokens')} tokens, {train.get('trained_tokens')} trained"
+                  if train else rs.data.get("note", ""))
+        lines.append(f"data: {counts}" + (f" ({rs.data['cache']})" if rs.data.get("cache") else ""))
+    lines.append(f"consolidated model: {rs.consolidated} ({rs.consolidated_dir})")
+    if rs.last_eval:
+        lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))
+    lines += [f"note: {n}" for n in rs.notes]
+    return "\n".join(lines)
