@@ -30,7 +30,7 @@ TIMEOUT_S = 8  # cluster.rdzv_timeout_s for the hang tests
 # Beyond the timeout: the reporting rank reads the heartbeats and kills the stopped
 # local peer; torchrun then stops. Measured at about 3 s here; 20 s leaves room for a loaded CI.
 MARGIN_S = 20
-HANG = ["train.max_steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=0",
+HANG = ["train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=0",
         f"cluster.rdzv_timeout_s={TIMEOUT_S}"]
 
 
@@ -61,19 +61,6 @@ def _hang(run: Path, fault: str) -> tuple[float, list[int]]:
     return time.monotonic() - stopped_at, sorted(pids)
 
 
-def test_a_rank_that_stops_mid_run_fails_the_run_within_the_timeout_and_is_named(tmp_path: Path) -> None:
-    run = make_run_dir(tmp_path / "run", HANG)
-    took, pids = _hang(run, "stop@3:1")
-    log = log_text(run)
-    assert took < TIMEOUT_S + MARGIN_S, (took, log)
-    assert not [p for p in pids if alive(p)], "a process outlived the failed run"
-    rec = _exit_record(run)
-    assert rec["exit_code"] == EXIT_PEER_TIMEOUT, rec
-    assert f"waited {TIMEOUT_S} s (cluster.rdzv_timeout_s)" in rec["reason"]
-    assert "rank 1 on " in rec["reason"] and "stopped answering" in rec["reason"] and "'step 3'" in rec["reason"], rec
-    assert "rank 1 on" in log and "stopped answering" in log
-
-
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_path: Path, async_save: bool) -> None:
     """The last save (step 4 of 4) hangs on rank 1 after its shards are written.
@@ -81,15 +68,19 @@ def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_pat
     Synchronous: rank 0 waits in DCP's gather on the default group. Asynchronous: rank 0
     finishes the loop and waits for the background save, whose gather runs on the
     separate gloo group: that group must carry cluster.rdzv_timeout_s too (torch's
-    default for a new group is 30 minutes).
+    default for a new group is 30 minutes). The same report and clean-up as for a rank
+    that stops mid-run (proven across two nodes in tests/multinode): the rank that timed
+    out names the stopped one from its heartbeat, and kills it when it is on its own host.
     """
-    run = make_run_dir(tmp_path / "run", [*HANG, "train.max_steps=4", f"checkpoint.async_save={str(async_save).lower()}"])
+    run = make_run_dir(tmp_path / "run", [*HANG, f"checkpoint.async_save={str(async_save).lower()}"])
     took, pids = _hang(run, "stop_in_save@4:1")
     assert took < TIMEOUT_S + MARGIN_S, (took, log_text(run))
     assert not [p for p in pids if alive(p)], "a process outlived the failed run"
     rec = _exit_record(run)
     assert rec["exit_code"] == EXIT_PEER_TIMEOUT and "rank 1 on " in rec["reason"], rec
     assert "in 'saving step 4'" in rec["reason"], rec
+    assert f"waited {TIMEOUT_S} s (cluster.rdzv_timeout_s)" in rec["reason"] and "stopped answering" in rec["reason"]
+    assert "rank 1 on" in log_text(run) and "stopped answering" in log_text(run)
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step-2", "step-4.tmp"], names  # never a step-4 without its .tmp
     assert not (run / "checkpoints" / "step-4.tmp" / DCP_METADATA).exists()
