@@ -10,6 +10,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Session fixtures that train something: every test that uses one runs on the same
+# pytest-xdist worker, so the run happens once per suite, not once per worker.
+SHARED_RUNS = ("trained", "straight_run")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test an ``xdist_group``: its module, or the shared run it uses.
+
+    The suite runs on two workers (``-n 2 --dist loadgroup`` in pyproject.toml): a
+    module stays on one worker, so its module-scoped runs (the tensor-parallel
+    module's four launches, say) are not repeated, and the two workers overlap one
+    test's waiting (Slurm queues, timeouts being proven) with another's computing.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
+        group = f"run:{shared[0]}" if shared else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
 # Tests never reach a model hub: everything is built from small configs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -12,6 +12,7 @@ also expose the module as the ``slurm_utils`` fixture.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -224,6 +225,19 @@ def start_cluster(kind: str) -> ClusterInfo:
     failure, never a skip.
     """
     script = SCRIPTS[kind]
+    _state_dir().mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers start their sessions together: one brings the cluster up, the other waits.
+    with open(_state_dir() / f"{kind}.start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(kind, script)
+
+
+def _run_uid() -> str:
+    """This test run: the xdist run id shared by its workers, else this process."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
+
+
+def _start_locked(kind: str, script: Path) -> ClusterInfo:
     status = subprocess.run(["bash", str(script), "status"], capture_output=True, text=True, timeout=60)
     already_up = status.returncode == 0
     if not already_up and os.geteuid() != 0:
@@ -247,7 +261,14 @@ def start_cluster(kind: str) -> ClusterInfo:
     lease = _lease_dir(kind)
     lease.mkdir(parents=True, exist_ok=True)
     (lease / str(os.getpid())).write_text(_proc_start_time(os.getpid()))
-    return ClusterInfo(kind, conf, sorted(set(nodes)), started_here=not already_up, up_seconds=elapsed)
+    if not already_up:
+        _started_by(kind).write_text(_run_uid())
+    started_here = not already_up or (_started_by(kind).exists() and _started_by(kind).read_text() == _run_uid())
+    return ClusterInfo(kind, conf, sorted(set(nodes)), started_here=started_here, up_seconds=elapsed)
+
+
+def _started_by(kind: str) -> Path:
+    return _state_dir() / f"{kind}.started_by"
 
 
 def _proc_start_time(pid: int) -> str:
@@ -278,9 +299,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def release_cluster(info: ClusterInfo) -> None:
-    """End of session: drop our lease; stop the cluster only if this session
-    started it, no other live pytest session holds a lease on it, and
-    ``FSDP_SLURM_KEEP`` is not set."""
+    """End of session: drop our lease; stop the cluster only if this test run
+    (any of its xdist workers) started it, no other live pytest session holds a
+    lease on it, and ``FSDP_SLURM_KEEP`` is not set."""
     lease = _lease_dir(info.kind)
     (lease / str(os.getpid())).unlink(missing_ok=True)
     others = [p for p in lease.glob("*") if p.name.isdigit() and _lease_live(p)]
