@@ -24,12 +24,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module's four launches, say) are not repeated, and the two workers overlap one
     test's waiting (Slurm queues, timeouts being proven) with another's computing.
     """
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
             continue
         shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
-        group = f"run:{shared[0]}" if shared else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = f"run:{shared[0]}" if shared else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    # Groups with slow tests first (order inside a group kept): the workers share the long
+    # runs from the start instead of one finishing the suite alone on the last of them.
+    slow_groups = {groups[i.nodeid] for i in items if i.get_closest_marker("slow") is not None}
+    items.sort(key=lambda i: groups[i.nodeid] not in slow_groups)
 
 # Tests never reach a model hub: everything is built from small configs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
