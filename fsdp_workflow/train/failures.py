@@ -20,12 +20,13 @@ those as well as ``__cause__`` / ``__context__``.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 from pathlib import Path
 from typing import Iterator, Optional
 
-from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS
+from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_PEER_TIMEOUT
 
 DIST_ERRORS = ("DistBackendError", "DistStoreError", "DistNetworkError")
 # gloo: "Timed out waiting 600000ms for recv operation to complete"; NCCL's watchdog:
@@ -97,3 +98,25 @@ def describe_os_error(e: OSError) -> str:
     """``[Errno 28] No space left on device: '/path'`` (with the path even when torch dropped it)."""
     where = f": '{e.filename}'" if e.filename else ""
     return f"[Errno {e.errno}] {e.strerror or errno.errorcode.get(e.errno or 0, '')}{where}"
+
+
+def peer_timeout_reported(train_exit: Path, since: float) -> bool:
+    """Whether another rank already wrote a peer-timeout ``train_exit.json`` in this attempt.
+
+    The first rank to time out is the one that really waited; its report stands. A
+    stopped rank that Slurm resumes (it sends SIGCONT with the SIGTERM that ends a
+    failed step) finds its own deadline long past and times out at once, while the
+    peer that just exited still looks alive in the heartbeats: its report would name
+    no one and must not replace the one that does.
+
+    Args:
+        train_exit: ``RUN_DIR/train_exit.json``.
+        since: when this attempt's process started (``time.time()``); older records are
+            an earlier attempt's.
+    """
+    try:
+        if train_exit.stat().st_mtime < since:
+            return False
+        return json.loads(train_exit.read_text()).get("exit_code") == EXIT_PEER_TIMEOUT
+    except (OSError, ValueError):
+        return False

@@ -50,7 +50,7 @@ from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
-from fsdp_workflow.train.failures import collective_timeout
+from fsdp_workflow.train.failures import collective_timeout, peer_timeout_reported
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
 from fsdp_workflow.train.mesh import MeshDims, TrainMesh
@@ -233,6 +233,7 @@ def main(run_dir_arg: str) -> int:
     A full disk during a save and a collective that timed out end as named exits
     (:func:`failed_outcome`); anything else propagates as a traceback (exit 1).
     """
+    started = time.time()
     run = RunDir.of(Path(run_dir_arg).resolve())
     cfg = load_run_config(run.root)
     strategy = parallel.requested_strategy()
@@ -244,7 +245,7 @@ def main(run_dir_arg: str) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        outcome = failed_outcome(exc, run, cfg, ranks, beat)
+        outcome = failed_outcome(exc, run, cfg, ranks, beat, started)
     finally:
         beat.stop()
     if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE) and dist.is_initialized():
@@ -300,8 +301,12 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     return outcome
 
 
-def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat) -> Outcome:
+def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat,
+                   started: float) -> Outcome:
     """A full disk or a collective timeout as a named :class:`Outcome` (recorded); anything else re-raised.
+
+    ``started`` is when this process began: a peer-timeout report another rank wrote
+    since then stands (:func:`~fsdp_workflow.train.failures.peer_timeout_reported`).
 
     Raises:
         BaseException: ``exc`` itself when it is neither.
@@ -320,7 +325,8 @@ def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: 
     else:
         raise exc
     # A timeout is seen by the ranks still answering, which may not include rank 0.
-    if ranks.rank == 0 or outcome.exit_code == EXIT_PEER_TIMEOUT:
+    first_report = outcome.exit_code != EXIT_PEER_TIMEOUT or not peer_timeout_reported(run.train_exit, started)
+    if (ranks.rank == 0 or outcome.exit_code == EXIT_PEER_TIMEOUT) and first_report:
         record_exit(run, outcome)
     else:
         print(f"[fsdp_workflow] rank {ranks.rank}: {outcome.reason}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.api import CheckpointException, _wrap_exceptio
 
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train import fault_hooks
-from fsdp_workflow.train.failures import collective_timeout, disk_full, disk_full_detail
+from fsdp_workflow.train.failures import collective_timeout, disk_full, disk_full_detail, peer_timeout_reported
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, who_stopped
 
 
@@ -67,6 +67,22 @@ def _dcp_failure(exc: BaseException) -> CheckpointException:
         raise exc
     except BaseException as e:  # noqa: BLE001
         return CheckpointException("save failed", {1: _wrap_exception(e)})
+
+
+def test_the_first_peer_timeout_report_of_an_attempt_stands(tmp_path: Path) -> None:
+    """A stopped rank resumed by Slurm's SIGCONT times out at once and sees the peer that just
+    exited still beating: its report names no one, so it must not replace the first one (seen on
+    the two-node test Slurm under load). Earlier attempts' records and other exits do not count."""
+    path = tmp_path / "train_exit.json"
+    started = time.time()
+    assert not peer_timeout_reported(path, started)  # nothing written yet
+    path.write_text(json.dumps({"exit_code": 76, "reason": "rank 1 on n2 (pid 9) stopped answering"}))
+    assert peer_timeout_reported(path, started)
+    assert not peer_timeout_reported(path, started + 3600)  # written before this attempt began
+    path.write_text(json.dumps({"exit_code": 74, "reason": "disk full"}))
+    assert not peer_timeout_reported(path, started)
+    path.write_text("{not json")
+    assert not peer_timeout_reported(path, started)
 
 
 def test_disk_full_is_found_inside_dcps_per_rank_failures(tmp_path: Path) -> None:
