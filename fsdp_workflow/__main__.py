@@ -68,8 +68,25 @@ def _hydra_main(dcfg: DictConfig) -> None:
                          "add +experiment=smoke for the smoke run's values)")
         _fail_config(str(err))
     rc = _plan_and_launch(cfg)
+    _record_sweep_point(cfg, rc)
     if rc:  # success returns, so a multirun sweep goes on to its next job
         raise SystemExit(rc)
+
+
+def _record_sweep_point(cfg, rc: int) -> None:
+    """In a ``-m`` sweep: this point's run dir, job ids and exit code go into ``SWEEP_DIR/sweep.json``."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return
+    from fsdp_workflow.launch.sweep import record_point
+
+    sweep_dir = Path(str(hc.sweep.dir)).absolute()
+    record_point(sweep_dir, int(hc.job.num), list(hc.overrides.task), Path(cfg.run_dir).absolute(), rc)
 
 
 def _plan_and_launch(cfg) -> int:
@@ -254,6 +271,13 @@ def _validate_sweep(argv: List[str]) -> None:
         print(f"fsdp_workflow: invalid config in {len(failures)} of {len(points)} sweep points; "
               "no point was run\n" + "\n".join(failures), file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+    parents = {os.path.dirname(run_dir) for _, run_dir in points if run_dir is not None}
+    if len(parents) == 1 and all(run_dir is not None for _, run_dir in points):
+        from pathlib import Path
+
+        from fsdp_workflow.launch.sweep import record_planned
+
+        record_planned(Path(parents.pop()), points)  # the index lists every point before the first runs
 
 
 def main(argv: Optional[List[str]] = None) -> None:

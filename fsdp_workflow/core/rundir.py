@@ -21,6 +21,9 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
 
+A sweep (``python -m fsdp_workflow -m ...``) puts one run directory per point in
+its sweep directory, beside ``sweep.json``, the index of the points.
+
 A checkpoint is complete when DCP's ``.metadata`` (written last, by the
 coordinator) or DeepSpeed's ``latest`` tag file is present; the trainer
 writes into ``step-N.tmp`` and renames it, so a crash never leaves a
@@ -43,6 +46,7 @@ CONFIG_FILE = "config.yaml"
 LAUNCH_ENV_FILE = "launch.env"
 PROVENANCE_FILE = "provenance.json"
 JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
+SWEEP_FILE = "sweep.json"  # in a sweep directory: each point's overrides, run dir and job ids
 METRICS_FILE = "metrics.jsonl"
 TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torchrun reports any failure as 1)
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
@@ -126,6 +130,18 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def read_sweep_index(sweep_dir: Path) -> dict:
+    """A sweep directory's ``sweep.json`` (``{"sweep_dir", "points": [...]}``); an empty index when absent or unreadable."""
+    try:
+        index = json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+    except (OSError, ValueError):
+        index = {}
+    if not isinstance(index, dict) or not isinstance(index.get("points"), list):
+        index = {"points": []}
+    index["sweep_dir"] = str(sweep_dir)
+    return index
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -196,6 +212,12 @@ class RunDir:
     @property
     def jobs(self) -> Path:
         return self.root / JOBS_FILE
+
+    def submitted_jobs(self) -> List[Tuple[str, str]]:
+        """``(role, job id)`` pairs of ``jobs.txt``, oldest first (none before a submission)."""
+        if not self.jobs.is_file():
+            return []
+        return [(parts[0], parts[1]) for parts in map(str.split, self.jobs.read_text().splitlines()) if len(parts) >= 2]
 
     def script(self, name: str) -> Path:
         """A rendered script (``train.sbatch``, ``submit.sh``...) by file name."""

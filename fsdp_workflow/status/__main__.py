@@ -2,6 +2,7 @@
 
     python -m fsdp_workflow.status RUN_DIR
     python -m fsdp_workflow.status RUN_DIR --json
+    python -m fsdp_workflow.status SWEEP_DIR          # one line per point of a -m sweep
 
 See :mod:`fsdp_workflow.status` for what is read and from where.
 Exit code 0, or 2 when RUN_DIR is not a run directory.
@@ -17,20 +18,26 @@ from pathlib import Path
 from typing import List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
-from fsdp_workflow.core.rundir import CONFIG_FILE
+from fsdp_workflow.core.rundir import CONFIG_FILE, SWEEP_FILE
 from fsdp_workflow.status.collect import collect
 from fsdp_workflow.status.text import format_text
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fsdp_workflow.status", description=__doc__.split("\n")[0])
-    p.add_argument("run_dir", help="the run directory given as run_dir= at submission")
+    p.add_argument("run_dir", help="the run directory given as run_dir= at submission, or a sweep directory")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir).absolute()
+    if (run_dir / SWEEP_FILE).is_file():
+        from fsdp_workflow.status.sweep import collect_sweep, format_sweep
+
+        points = collect_sweep(run_dir)
+        print(json.dumps([asdict(p) for p in points], indent=2) if args.json else format_sweep(run_dir, points))
+        return 0
     if not (run_dir / CONFIG_FILE).is_file():
-        print(f"fsdp_workflow.status: {run_dir} is not a run directory (no {CONFIG_FILE}); pass the "
-              "run_dir= given to `python -m fsdp_workflow`.", file=sys.stderr)
+        print(f"fsdp_workflow.status: {run_dir} is not a run directory (no {CONFIG_FILE}) nor a sweep directory "
+              f"(no {SWEEP_FILE}); pass the run_dir= given to `python -m fsdp_workflow`.", file=sys.stderr)
         return EXIT_USAGE
     rs = collect(run_dir)
     print(json.dumps(asdict(rs), indent=2) if args.json else format_text(rs))

@@ -86,15 +86,7 @@ def _run(argv: List[str], timeout_s: float = 15) -> subprocess.CompletedProcess:
 
 def read_jobs(layout: RunDir) -> List[tuple]:
     """``(role, job id)`` pairs of RUN_DIR/jobs.txt, oldest first."""
-    path = layout.jobs
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            out.append((parts[0], parts[1]))
-    return out
+    return layout.submitted_jobs()
 
 
 def classify(slurm_state: str, restarts: int, reason: str) -> str:

@@ -88,6 +88,23 @@ def test_multirun_plans_one_run_dir_per_job(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     sizes = sorted((tmp_path / str(i) / "config.yaml").read_text().count("micro_batch_size: 2") for i in (0, 1))
     assert sizes == [0, 1]
+    # sweep.json indexes the points (a dry run submits nothing: no job ids), and status reads it back.
+    index = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(p["num"], p["run_dir"], p["jobs"], p["exit_code"]) for p in index["points"]] == [
+        (0, str(tmp_path / "0"), {}, 0), (1, str(tmp_path / "1"), {}, 0)]
+    assert [[o for o in p["overrides"] if "micro_batch" in o] for p in index["points"]] == [
+        ["train.micro_batch_size=1"], ["train.micro_batch_size=2"]]
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(tmp_path)], capture_output=True, text=True)
+    assert st.returncode == 0, st.stderr
+    rows = [line.split() for line in st.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("0", "train.micro_batch_size=1", "dry", "run"),
+                                                        ("1", "train.micro_batch_size=2", "dry", "run")], st.stdout
+
+
+def test_an_invalid_sweep_point_leaves_no_index_and_no_run_dir(tmp_path: Path) -> None:
+    res = cli("-m", "+experiment=smoke", "dry_run=true", "train.micro_batch_size=1,0", f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 2 and "sweep point 1" in res.stderr and "train.micro_batch_size" in res.stderr, res.stderr
+    assert not (tmp_path / "sweep.json").exists() and not (tmp_path / "0").exists()
 
 
 @pytest.mark.parametrize("overrides,key", invalid_corpus.INVALID_CASES,

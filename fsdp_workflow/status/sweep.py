@@ -1,0 +1,123 @@
+"""``python -m fsdp_workflow.status SWEEP_DIR``: one line per point of a sweep.
+
+Reads the sweep's ``sweep.json`` (written by ``python -m fsdp_workflow -m ...``)
+and each point's run directory through :func:`~fsdp_workflow.status.collect.collect`:
+the state of its chain, the last logged step and loss, and its evaluation loss
+(the last per-checkpoint evaluation, else the trainer's last in-loop eval). The
+point with the lowest evaluation loss is marked best; with no evaluation at all
+nothing is marked (a training loss would only reward overfitting).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from fsdp_workflow.core.rundir import CONFIG_FILE, RunDir, read_sweep_index
+from fsdp_workflow.status.collect import RunStatus, collect
+
+# The chain's jobs, in order.
+_CHAIN = ("prepare", "train", "consolidate")
+
+
+@dataclass
+class PointStatus:
+    num: int
+    point: str  # the overrides that vary across the sweep ("optimizer.lr=2e-05")
+    run_dir: str
+    state: str  # planned, queued, running, requeued, done, failed, cancelled, dry run, ...
+    step: Optional[int] = None
+    max_steps: Optional[int] = None
+    loss: Optional[float] = None
+    eval_loss: Optional[float] = None
+    best: bool = False
+    jobs: Dict[str, str] = field(default_factory=dict)
+
+
+def _varying(points: List[dict]) -> List[List[str]]:
+    """Each point's overrides that are not the same for every point (all of them when there is one point)."""
+    lists = [[str(o) for o in p.get("overrides") or []] for p in points]
+    common = set.intersection(*map(set, lists)) if len(lists) > 1 else set()
+    return [[o for o in ov if o not in common] for ov in lists]
+
+
+def _metrics_tail(run: RunDir) -> tuple:
+    """(last step, last loss, last in-loop eval loss) of metrics.jsonl; Nones when absent."""
+    step = loss = eval_loss = None
+    try:
+        lines = run.metrics.read_text().splitlines()
+    except OSError:
+        return step, loss, eval_loss
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            step, loss = rec.get("step"), rec.get("loss", loss)
+            eval_loss = rec.get("eval_loss", eval_loss)
+    return step, loss, eval_loss
+
+
+def _state(rs: RunStatus, dry_run: bool) -> str:
+    """The chain's state: its first job that is not done (the train job's state plain, others named)."""
+    by_role = {j.role: j for j in rs.jobs}
+    chain = [by_role[role] for role in _CHAIN if role in by_role]
+    for job in chain:
+        if job.status != "done":
+            return job.status if job.role == "train" else f"{job.status} ({job.role})"
+    if chain:
+        return "done"
+    if rs.train_exit is not None:  # a local point: the trainer's own record
+        code = rs.train_exit.get("exit_code")
+        return "done" if code == 0 else f"failed ({code})"
+    return "dry run" if dry_run else "planned"
+
+
+def collect_sweep(sweep_dir: Path) -> List[PointStatus]:
+    """Every point of the sweep in ``sweep_dir``, with the best one (lowest eval loss) marked."""
+    index = read_sweep_index(sweep_dir)
+    points = index["points"]
+    out: List[PointStatus] = []
+    for p, varying in zip(points, _varying(points)):
+        run_dir = Path(str(p.get("run_dir")))
+        ps = PointStatus(int(p.get("num", len(out))), " ".join(varying) or "(no overrides)", str(run_dir),
+                         "planned", jobs=dict(p.get("jobs") or {}))
+        if (run_dir / CONFIG_FILE).is_file():
+            rs = collect(run_dir)
+            ps.state = _state(rs, dry_run=p.get("exit_code") == 0)
+            layout = RunDir.recorded(run_dir)
+            ps.step, ps.loss, loop_eval = _metrics_tail(layout)
+            ps.eval_loss = (rs.last_eval or {}).get("loss", loop_eval) if rs.last_eval else loop_eval
+            try:
+                from fsdp_workflow.config.load import load_run_config
+
+                ps.max_steps = load_run_config(run_dir).train.max_steps
+            except Exception:  # noqa: BLE001 - an unreadable config only loses the "/max" part
+                pass
+        out.append(ps)
+    scored = [ps for ps in out if isinstance(ps.eval_loss, (int, float))]
+    if scored:
+        min(scored, key=lambda ps: ps.eval_loss).best = True
+    return out
+
+
+def _num(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def format_sweep(sweep_dir: Path, points: List[PointStatus]) -> str:
+    """The sweep as a table: one line per point, the best marked ``<- best``."""
+    width = min(max([len(ps.point) for ps in points] + [5]), 40)
+    lines = [f"sweep: {sweep_dir} ({len(points)} point{'s' if len(points) != 1 else ''})",
+             f"  {'#':>3}  {'point':<{width}}  {'state':<11} {'step':>11}  {'loss':>8}  {'eval loss':>9}"]
+    for ps in points:
+        step = "-" if ps.step is None else f"{ps.step}/{ps.max_steps}" if ps.max_steps else str(ps.step)
+        point = ps.point if len(ps.point) <= width else ps.point[:width - 3] + "..."
+        lines.append(f"  {ps.num:>3}  {point:<{width}}  {ps.state:<11} {step:>11}  {_num(ps.loss):>8}  "
+                     f"{_num(ps.eval_loss):>9}" + ("  <- best" if ps.best else ""))
+    lines.append("each point: python -m fsdp_workflow.status SWEEP_DIR/<run dir>; the run dirs: "
+                 + ", ".join(ps.run_dir for ps in points[:3]) + (", ..." if len(points) > 3 else ""))
+    return "\n".join(lines)
