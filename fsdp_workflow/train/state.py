@@ -24,6 +24,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_workflow.core.rundir import EMA_KEY
 from fsdp_workflow.train.data import RankBatches
 
 
@@ -154,7 +155,7 @@ def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         "trainer": FlatParts(rng, batches),
     }
     if ema is not None:
-        parts["ema"] = ema
+        parts[EMA_KEY] = ema
     return parts
 
 
