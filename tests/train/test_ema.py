@@ -131,7 +131,7 @@ def test_rule_warmup_then_every_k_steps() -> None:
     """A plain module in this process: exact tracking up to start_step, then one update every k steps."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    ema = EmaState(model, decay=0.5, every_steps=3, start_step=2)
+    ema = EmaState(model, decay=0.8, every_steps=3, start_step=2)
     weights = [{k: v.clone() for k, v in model.state_dict().items()}]
     for step in range(1, 9):
         with torch.no_grad():
@@ -139,7 +139,7 @@ def test_rule_warmup_then_every_k_steps() -> None:
                 p.add_(torch.randn_like(p))
         weights.append({k: v.clone() for k, v in model.state_dict().items()})
         ema.after_optimizer_step(step)
-        want = reference_ema(weights, 0.5, 3, 2)
+        want = reference_ema(weights, 0.8, 3, 2)
         got = ema.state_dict()
         assert all(torch.allclose(got[k].double(), want[k], atol=1e-6) for k in want), step
     assert not torch.equal(ema.state_dict()["0.weight"], model[0].weight)
