@@ -177,6 +177,9 @@ def test_checkpoint_without_ema_restarts_it_from_the_loaded_weights(tmp_path: Pa
     ckpt.load(run.step_dir(1), {"model": ModelState(model), "ema": ema})
     assert torch.equal(model.weight, saved) and torch.equal(ema.state_dict()["weight"], saved)
     assert "holds no 'ema'" in capsys.readouterr().err
+    # And back: a checkpoint with an EMA resumes without one (train.ema_decay=null drops it).
+    ckpt.save(2, {"model": ModelState(model), "ema": ema}, blocking=True)
+    ckpt.load(run.step_dir(2), {"model": ModelState(model)})
 
 
 def test_ddp_names_drop_the_wrapper(tmp_path: Path) -> None:
