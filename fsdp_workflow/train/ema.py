@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
 from fsdp_workflow.config.schema import TrainConfig
 from fsdp_workflow.train.mesh import StrategyError
@@ -36,8 +37,8 @@ WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_mod
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (read each time: FSDP2's lazy init may re-point it), or ``t``."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
+    """A DTensor's local shard (asked each time: FSDP2's lazy init may re-point it), or ``t``."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def state_dict_name(name: str, ddp: bool) -> str:
