@@ -8,18 +8,19 @@ test adds one run of 3 steps. The rest runs in this process in milliseconds.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from fsdp_workflow.config.load import compose
+from fsdp_workflow.config.load import compose, load_run_config
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.train.ema import EmaState
 from tests.train.conftest import copy_run
-from tests.train.runner import FAST, launch, log_text, make_run_dir, start_cli
+from tests.train.runner import launch, log_text, make_run_dir
 
 DECAY, EVERY, START, STEPS = 0.7, 2, 1, 6
 EMA_RUN = [f"train.max_steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "checkpoint.async_save=true",
@@ -99,15 +100,24 @@ def test_resume_is_exact_for_the_ema(ema_run: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_route_writes_both_models_and_they_load(ema_run: Path, tmp_path: Path) -> None:
-    """``python -m fsdp_workflow`` (cluster=local) on a copy holding the last checkpoint: training resumes with
-    nothing left to do, then the plan's two consolidations write hf_model_ema/ and hf_model/; both verify and
-    load in transformers, with finite logits that differ."""
+def test_planned_consolidations_write_both_models_and_they_load(ema_run: Path, tmp_path: Path) -> None:
+    """The plan's two consolidation commands, run as the local route runs them (this interpreter, EMA first),
+    write hf_model_ema/ and hf_model/; both verify and load in transformers, with finite logits that differ.
+
+    (The Slurm chain runs the same commands in consolidate.sbatch: tests/slurm/test_pipeline.py.)
+    """
     from transformers import AutoModelForCausalLM
 
-    run = copy_run(ema_run, tmp_path / "local", checkpoints=(STEPS,))
-    proc = start_cli(run, [*FAST[1:], *EMA_RUN])
-    assert proc.wait(timeout=600) == 0, log_text(run)
+    from fsdp_workflow.launch.local import _this_python
+    from fsdp_workflow.plan.spec import build_plan
+
+    run = copy_run(ema_run, tmp_path / "run", checkpoints=(STEPS,))
+    cfg = load_run_config(run)
+    cfg.run_dir = str(run)  # the copy's config still names its source
+    plan = build_plan(cfg)
+    for argv in (plan.consolidate_ema_argv, plan.consolidate_argv):
+        proc = subprocess.run(_this_python(argv), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     layout = RunDir.of(run)
     ids = torch.arange(32).view(1, 32) % 260
     logits = {}
