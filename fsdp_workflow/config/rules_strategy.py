@@ -17,6 +17,7 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyConfig,
     StrategyName,
+    TrainConfig,
     WorkflowConfig,
 )
 from fsdp_workflow.config.errors import Rule, ValidationReport
@@ -31,6 +32,7 @@ FSDP_ONLY = (
 FSDP1_ONLY = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states")
 DEEPSPEED_ONLY = ("zero3_init_flag",)
 _DEFAULTS = StrategyConfig(name=StrategyName.fsdp2)
+_TRAIN_DEFAULTS = TrainConfig()
 
 
 def _changed(s: StrategyConfig, names: tuple) -> List[str]:
@@ -230,10 +232,33 @@ def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
         )
 
 
+# Strategies whose parameters train.ema_decay can average shard by shard (train/ema.py).
+EMA_STRATEGIES = (StrategyName.fsdp2, StrategyName.ddp)
+
+
+def check_ema(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """The EMA runs under FSDP2 and DDP only; its step knobs need a decay."""
+    t, name = cfg.train, cfg.strategy.name
+    if t.ema_decay is None:
+        for key in ("ema_every_steps", "ema_start_step"):
+            value = getattr(t, key)
+            if value != getattr(_TRAIN_DEFAULTS, key):
+                r.error(f"train.{key}", value, "has no effect without an EMA (train.ema_decay is null)",
+                        f"train.ema_decay=0.999 to keep an EMA, or drop train.{key}")
+        return
+    if name not in EMA_STRATEGIES:
+        why = ("not implemented for deepspeed: ZeRO partitions and casts the parameters inside its engine, "
+               "so there is no shard to average" if is_deepspeed(name) else
+               "not implemented for fsdp1: its FlatParameter shards do not have the checkpoint's layout")
+        r.error("train.ema_decay", t.ema_decay, f"the EMA of the weights is {why}",
+                "strategy=fsdp2 (or strategy=ddp), or train.ema_decay=null")
+
+
 RULES: List[Rule] = [
     check_fsdp_version,
     check_fsdp_knobs,
     check_activation_checkpointing,
     check_foreign_knobs,
     check_deepspeed,
+    check_ema,
 ]

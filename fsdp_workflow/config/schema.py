@@ -341,6 +341,10 @@ class TrainConfig:
     eval_batches: int = bounded(8, ge=1)
     compile: bool = False  # torch.compile the model after wrapping
     peak_tflops: Optional[float] = bounded(None, gt=0)  # per device, for MFU; None: guessed from the device name
+    # EMA of the weights (docs/training.md, "EMA"): fp32, sharded like the parameters, saved under "ema".
+    ema_decay: Optional[float] = bounded(None, gt=0, lt=1)  # ema = decay*ema + (1-decay)*weights; None: no EMA
+    ema_every_steps: int = bounded(1, ge=1)  # update the EMA every N optimizer steps (after ema_start_step)
+    ema_start_step: int = bounded(0, ge=0)  # up to this optimizer step the EMA equals the weights
 
 
 @dataclass

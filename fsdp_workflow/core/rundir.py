@@ -17,6 +17,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       heartbeats/rank-R.json                                  each rank's last sign of life (names a hung rank)
       hf_assets/                                              config.json, tokenizer (written once by the trainer)
       hf_model/                                               the consolidated model (or consolidate.output_dir)
+      hf_model_ema/                                           its EMA (train.ema_decay; beside output_dir as <name>_ema)
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
@@ -67,6 +68,10 @@ LOG_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 HF_ASSETS_DIR = "hf_assets"
 HF_MODEL_DIR = "hf_model"
+# A checkpoint's key roots that hold weights: the model, and its EMA when train.ema_decay is set.
+MODEL_KEY = "model"
+EMA_KEY = "ema"
+EMA_SUFFIX = "_ema"  # the EMA's model sits beside the model: hf_model_ema, or <output_dir>_ema
 EVALS_DIR = "evals"
 PENDING_EVALS_DIR = "pending"
 
@@ -319,6 +324,15 @@ class RunDir:
     @property
     def hf_model(self) -> Path:
         return self.output_dir if self.output_dir is not None else self.root / HF_MODEL_DIR
+
+    @property
+    def hf_model_ema(self) -> Path:
+        """The consolidated EMA of the weights (``train.ema_decay``), beside :attr:`hf_model`."""
+        return self.hf_model.with_name(self.hf_model.name + EMA_SUFFIX)
+
+    def eval_model_ema(self, step: int) -> Path:
+        """Where an evaluation consolidates ``step-N``'s EMA (removed after it is measured)."""
+        return self.evals / (step_name(step) + EMA_SUFFIX)
 
     @property
     def evals(self) -> Path:

@@ -5,9 +5,10 @@ Run by ``eval.sbatch`` (``consolidate.every_checkpoint=true``), or by hand:
     python -m fsdp_workflow.evaluate RUN_DIR STEP
 
 Each line of evals.jsonl: ``{"step", "status", "perplexity", "loss", "num_tokens",
-"job_id", "seconds"}``; ``status`` is ``ok``, ``skipped`` (the checkpoint was pruned
-before the job ran, or there is no held-out data) or ``failed``. Exit code 0, 1 when
-the evaluation failed, 2 for bad arguments.
+"job_id", "seconds"}``, and ``"ema_loss", "ema_perplexity"`` (the EMA of the weights on
+the same tokens) when the run keeps one (``train.ema_decay``); ``status`` is ``ok``,
+``skipped`` (the checkpoint was pruned before the job ran, or there is no held-out
+data) or ``failed``. Exit code 0, 1 when the evaluation failed, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import run_layout
 from fsdp_workflow.consolidate import ConsolidationError, consolidate
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, RunDir
 from fsdp_workflow.evaluate.perplexity import perplexity
 from fsdp_workflow.train.data import DataError
 
@@ -50,7 +51,7 @@ def _source(layout: RunDir, step: int) -> Optional[Path]:
 
 
 def evaluate_step(run_dir: Path, step: int) -> Record:
-    """Consolidate ``step-STEP`` into ``evals/step-STEP``, measure it, clean up."""
+    """Consolidate ``step-STEP`` into ``evals/step-STEP`` (and its EMA into ``evals/step-STEP_ema``), measure, clean up."""
     cfg = load_run_config(run_dir)
     layout = run_layout(cfg)
     t0 = time.time()
@@ -59,15 +60,21 @@ def evaluate_step(run_dir: Path, step: int) -> Record:
     if src is None:
         record.update(status="skipped", reason=f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)")
         return record
-    out = layout.eval_model(step)
-    if out.exists():
-        shutil.rmtree(out)  # left by an earlier attempt of this job
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # With an EMA the checkpoint holds two models: name each one's key root.
+    models = {"": (layout.eval_model(step), None)}
+    if cfg.train.ema_decay is not None:
+        models = {"": (layout.eval_model(step), MODEL_KEY), "ema_": (layout.eval_model_ema(step), EMA_KEY)}
+    results: Dict[str, Optional[Dict[str, float]]] = {}
     try:
         reference = layout.hf_assets if (layout.hf_assets / "config.json").is_file() else None
-        consolidate(src, out, max_shard_size=cfg.consolidate.max_shard_size, verify=False, progress=False,
-                    reference=reference)
-        result = perplexity(out, cfg)
+        for prefix, (out, subtree) in models.items():
+            if out.exists():
+                shutil.rmtree(out)  # left by an earlier attempt of this job
+            out.parent.mkdir(parents=True, exist_ok=True)
+            consolidate(src, out, max_shard_size=cfg.consolidate.max_shard_size, verify=False, progress=False,
+                        reference=reference, subtree=subtree)
+            results[prefix] = perplexity(out, cfg)
+            shutil.rmtree(out, ignore_errors=True)  # one model per checkpoint would fill the disk
     except ConsolidationError as err:
         record.update(status="failed", reason=f"consolidation failed: {str(err)[-500:]}")
         return record
@@ -75,13 +82,17 @@ def evaluate_step(run_dir: Path, step: int) -> Record:
         record.update(status="failed", reason=f"no held-out data to read: {str(err)[-500:]}")
         return record
     finally:
-        shutil.rmtree(out, ignore_errors=True)  # one model per checkpoint would fill the disk
+        for out, _ in models.values():
+            shutil.rmtree(out, ignore_errors=True)
         if src == layout.eval_snapshot(step):
             shutil.rmtree(src, ignore_errors=True)
-    if result is None:
+    if results[""] is None:
         record.update(status="skipped", reason="no held-out data (data.eval_path / data.eval_fraction)")
     else:
-        record.update(status="ok", **result)
+        record.update(status="ok", **results[""])
+        ema = results.get("ema_")
+        if ema is not None:
+            record.update(ema_loss=ema["loss"], ema_perplexity=ema["perplexity"])
     record["seconds"] = round(time.time() - t0, 2)
     return record
 

@@ -103,13 +103,17 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     if not consolidate or not plan.consolidate_argv:
         print(f"[fsdp_workflow] done; checkpoints in {layout.checkpoints}", file=sys.stderr)
         return 0
-    argv = _this_python(plan.consolidate_argv)
-    print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
-    rc = _run(argv, env)
-    if rc != 0:
-        print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
-        return rc
+    # The EMA first (train.ema_decay): the model's consolidation may remove the shards.
+    for cons in filter(None, (plan.consolidate_ema_argv, plan.consolidate_argv)):
+        argv = _this_python(cons)
+        print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
+        rc = _run(argv, env)
+        if rc != 0:
+            print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
+            return rc
     out = str(layout.hf_model)
     print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
+    if plan.consolidate_ema_argv:
+        print(f"  and its EMA: {layout.hf_model_ema}")
     print(f"  load it with: AutoModelForCausalLM.from_pretrained({out!r})")
     return 0

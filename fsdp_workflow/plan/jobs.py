@@ -44,6 +44,7 @@ class SbatchJob:
             Slurm's header parser has no quoting for spaces or quotes.
         step_argv: what the job's step runs.
         after: the role this job waits for (``--dependency=afterok``), or None.
+        before_argvs: commands run before ``step_argv``, each of which must succeed.
     """
 
     role: str
@@ -52,6 +53,7 @@ class SbatchJob:
     path_options: Dict[str, str]
     step_argv: List[str] = field(default_factory=list)
     after: Optional[str] = None
+    before_argvs: List[List[str]] = field(default_factory=list)
 
 
 def sbatch_argv(job: SbatchJob, run_dir: Path, after_id: Optional[str] = None,
@@ -86,6 +88,7 @@ class LaunchPlan:
         node_script_argv: the per-node launcher (torchrun or accelerate launch), wrapped for the container.
         prepare_argv: ``python -m fsdp_workflow.data.prepare RUN_DIR``, wrapped; empty for synthetic data.
         consolidate_argv: ``python -m fsdp_workflow.consolidate ...``, wrapped; empty when disabled.
+        consolidate_ema_argv: the EMA's consolidation (``hf_model_ema/``), run first; empty without one.
         chain: the jobs ``submit.sh`` submits, in order (prepare, train afterok, consolidate afterok).
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
@@ -102,6 +105,7 @@ class LaunchPlan:
     nnodes: int
     nccl_env: Dict[str, str]
     eval_job: Optional[SbatchJob] = None
+    consolidate_ema_argv: List[str] = field(default_factory=list)
     shutdown_timeout_s: int = 30
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step

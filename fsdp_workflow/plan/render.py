@@ -266,6 +266,7 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
         "set -euo pipefail",
         *pre,
         *site_env_lines(plan),
+        *(shell_join(argv) for argv in job.before_argvs),
         "exec " + shell_join(job.step_argv),
         "",
     ]

@@ -28,7 +28,9 @@ from fsdp_workflow.config.schema import (
 from fsdp_workflow.container import container_command, srun_container_args
 from fsdp_workflow.core.rundir import (
     CONSOLIDATE_SBATCH,
+    EMA_KEY,
     EVAL_SBATCH,
+    MODEL_KEY,
     PREPARE_SBATCH,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
@@ -82,18 +84,34 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
     ]
 
 
-def consolidate_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
-    """The consolidation command, shared by the local launcher and consolidate.sbatch."""
+def consolidate_argv(cfg: WorkflowConfig, layout: RunDir, ema: bool = False) -> List[str]:
+    """The consolidation command, shared by the local launcher and consolidate.sbatch.
+
+    With ``train.ema_decay`` a checkpoint holds two models, under the key roots
+    ``model`` and ``ema`` (:mod:`fsdp_workflow.train.ema`): each command then names
+    its subtree. The EMA's command (``ema=True``: ``hf_model_ema/``) runs first and
+    never removes the shards; the model's runs last (``--remove-sharded`` if asked).
+
+    Args:
+        cfg: a validated config.
+        layout: its run directory.
+        ema: the command writing the EMA's model; ``[]`` when the run keeps no EMA.
+    """
+    has_ema = cfg.train.ema_decay is not None
+    if ema and not has_ema:
+        return []
     argv = [
         "python", "-m", "fsdp_workflow.consolidate",
-        str(layout.checkpoints), str(layout.hf_model),
+        str(layout.checkpoints), str(layout.hf_model_ema if ema else layout.hf_model),
         "--max-shard-size", cfg.consolidate.max_shard_size,
     ]
+    if has_ema:
+        argv += ["--subtree", EMA_KEY if ema else MODEL_KEY]
     if cfg.consolidate.dtype != OutputDtype.keep:
         argv += ["--dtype", cfg.consolidate.dtype.value]
     if not cfg.consolidate.verify:
         argv.append("--no-verify")
-    if cfg.consolidate.remove_sharded:
+    if cfg.consolidate.remove_sharded and not ema:
         argv.append("--remove-sharded")
     return argv
 
@@ -175,15 +193,20 @@ def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
 
 
 def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
-             after: Optional[str] = None) -> SbatchJob:
-    """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources."""
+             after: Optional[str] = None, before: Optional[List[List[str]]] = None) -> SbatchJob:
+    """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources.
+
+    ``before``: commands the job runs first, each wrapped like ``argv`` (the EMA's consolidation).
+    """
     pyxis = srun_container_args(cfg, step)
+    # pyxis needs a step to attach the image to; otherwise run in the batch shell
+    as_step = (lambda a: ["srun", "--ntasks=1", *pyxis, *a]) if pyxis else list
     return SbatchJob(
         role=role, script=script, options=_cpu_job_options(cfg, role),
         path_options={"output": str(layout.log_pattern(role))},
-        # pyxis needs a step to attach the image to; otherwise run in the batch shell
-        step_argv=["srun", "--ntasks=1", *pyxis, *argv] if pyxis else argv,
+        step_argv=as_step(argv),
         after=after,
+        before_argvs=[as_step(a) for a in before or []],
     )
 
 
@@ -208,9 +231,13 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     train.after = chain[-1].role if chain else None
     chain.append(train)
     cons_argv: List[str] = []
+    ema_argv: List[str] = []
     if cfg.consolidate.enabled:
         cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
-        chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train"))
+        if cfg.train.ema_decay is not None:
+            ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), "consolidate")
+        chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train",
+                              before=[ema_argv] if ema_argv else None))
     eval_job = None
     if cfg.consolidate.every_checkpoint:
         eval_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.evaluate", str(layout.root), Expand("${STEP}")],
@@ -221,6 +248,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), "train"),
         prepare_argv=prep_argv,
         consolidate_argv=cons_argv,
+        consolidate_ema_argv=ema_argv,
         chain=chain,
         max_requeues=c.max_requeues,
         master_port_base=c.master_port_base,

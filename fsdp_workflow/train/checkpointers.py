@@ -17,6 +17,7 @@ training loop's path depends on it.
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Optional, Tuple
@@ -76,11 +77,23 @@ class DcpCheckpointer:
     def load(self, path: Path, parts: Mapping[str, Stateful]) -> None:
         """Load ``path`` into ``parts`` in place (DTensors resharded as needed).
 
+        A part that can start afresh from the weights (one with ``restart()``: the
+        EMA) and that the checkpoint lacks, because it was saved without it, is
+        restarted after the others loaded, with a warning.
+
         Raises:
             CheckpointError: ``.metadata`` was refused by the allow-list (crafted or corrupt); nothing ran.
         """
         check_dcp_metadata(path)
-        dcp.load(dict(parts), storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+        reader = SafeFileSystemReader(path)
+        roots = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
+        absent = [key for key, part in parts.items() if key not in roots and hasattr(part, "restart")]
+        dcp.load({k: v for k, v in parts.items() if k not in absent}, storage_reader=reader, planner=SafeLoadPlanner())
+        for key in absent:
+            parts[key].restart()  # type: ignore[attr-defined]
+            if self.dir.rank == 0:
+                print(f"[fsdp_workflow] warning: {path} holds no '{key}' (saved without it): it starts from the "
+                      "loaded weights now", file=sys.stderr, flush=True)
 
     def poll(self) -> None:
         if self._pending is not None and self._pending[0].done():

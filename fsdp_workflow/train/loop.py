@@ -57,7 +57,8 @@ from fsdp_workflow.train.mesh import MeshDims, TrainMesh
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.signals import PreemptionFlag
-from fsdp_workflow.train.state import StepRng, trainer_parts
+from fsdp_workflow.train.ema import EmaState
+from fsdp_workflow.train.state import StepRng, after_optimizer_step, trainer_parts
 from fsdp_workflow.data.tokenizer import load_tokenizer
 
 # Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
@@ -272,7 +273,9 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     num_params, fpt = model_flops_per_token(trainee, cfg)
 
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)  # TP/CP peers draw the same numbers
-    parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches)
+    ema = EmaState.maybe(cfg.train, trainee.prepared.model, strategy)  # before resume: starts as the weights
+    parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches,
+                          ema)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
     checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
     beat.phase = "resuming"
@@ -401,6 +404,7 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     s.trainee.scheduler.step()
     prepared.optimizer.zero_grad(set_to_none=True)
     s.rng.step += 1
+    after_optimizer_step(s.parts, s.rng.step)  # the EMA (train/ema.py)
 
     # One collective per step: the mean loss and "did any rank get a signal".
     stats = global_sum(torch.stack([loss_sum, torch.tensor(float(s.flag.requested), device=device)]))

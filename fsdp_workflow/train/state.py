@@ -7,6 +7,7 @@ A checkpoint is the mapping :func:`trainer_parts` returns, one part per key::
     "scheduler"  the LambdaLR     only numbers (its multiplier is a plain function)
     "trainer"    FlatParts(StepRng, RankBatches)
                                   {"step", "seed", "samples_consumed", "data_seed"}: plain ints
+    "ema"        EmaState         only with train.ema_decay: fp32 EMA of "model", same FQNs and shards (:mod:`.ema`)
 
 DCP calls ``state_dict()`` on each part when it saves and ``load_state_dict()``
 after it loaded in place, so the parts stay ignorant of files; DeepSpeed's
@@ -18,11 +19,12 @@ piece of state is a new part, never a change to an existing one.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_workflow.core.rundir import EMA_KEY
 from fsdp_workflow.train.data import RankBatches
 
 
@@ -132,7 +134,7 @@ class FlatParts(Stateful):
 
 
 def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Stateful,
-                  rng: StepRng, batches: RankBatches) -> Mapping[str, Stateful]:
+                  rng: StepRng, batches: RankBatches, ema: Optional[Stateful] = None) -> Mapping[str, Stateful]:
     """Everything a checkpoint holds, by its key in the checkpoint (see the module docstring).
 
     Args:
@@ -141,13 +143,25 @@ def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         scheduler: the learning-rate schedule (a ``LambdaLR`` is ``Stateful`` as it is).
         rng: the step and seed.
         batches: this rank's data position.
+        ema: the EMA of the weights (:class:`~.ema.EmaState`), or None.
 
     Returns:
-        ``{"model", "optimizer", "scheduler", "trainer"}`` mapped to their parts.
+        ``{"model", "optimizer", "scheduler", "trainer"}`` (and ``"ema"``) mapped to their parts.
     """
-    return {
+    parts: Dict[str, Stateful] = {
         "model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer),
         "scheduler": scheduler,
         "trainer": FlatParts(rng, batches),
     }
+    if ema is not None:
+        parts[EMA_KEY] = ema
+    return parts
+
+
+def after_optimizer_step(parts: Mapping[str, Stateful], step: int) -> None:
+    """Let every part that follows the weights (the EMA) see optimizer step ``step`` (1-based)."""
+    for part in parts.values():
+        hook = getattr(part, "after_optimizer_step", None)
+        if hook is not None:
+            hook(step)

@@ -31,14 +31,17 @@ def _assert_chain_completed(run_dir, ids):
 
 
 def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp_path):
-    """The CLI route, with an evaluation job per checkpoint (consolidate.every_checkpoint) riding along.
+    """The CLI route, with an evaluation job per checkpoint (consolidate.every_checkpoint) and an EMA riding along.
+
+    With train.ema_decay the consolidation job writes hf_model_ema/ too, and each
+    evaluation reports the EMA's loss beside the model's.
 
     (A signalled run that requeues, resumes and is then consolidated is proved on the
     two-node cluster, tests/multinode/test_requeue_node.py, and the single-node requeue
     route in tests/slurm/test_requeue_faults.py.)
     """
     run_dir = tmp_path / "run cli"
-    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15")
+    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15", "train.ema_decay=0.9")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     ids = ph.jobs(run_dir)
     # It printed both ids, the logs and how to follow them, and did not wait.
@@ -50,6 +53,7 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert rec["JobState"] == "PENDING" and f"afterok:{ids['train']}" in rec["Dependency"]
     ph.assert_batch_scripts_recorded(run_dir, ids)  # what a user reads is what ran
     _assert_chain_completed(run_dir, ids)
+    ph.load_consolidated(run_dir / "hf_model_ema")  # written by the same job, before hf_model/
     assert ph.metrics(run_dir)[-1]["step"] == 30
 
     # One evaluation job per committed checkpoint, submitted by the trainer's post-checkpoint hook.
@@ -62,7 +66,8 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     records = sorted((json.loads(l) for l in (run_dir / "evals.jsonl").read_text().splitlines()),
                      key=lambda r: r["step"])
     assert [(r["step"], r["status"]) for r in records] == [(15, "ok"), (30, "ok")], records
-    assert all(1.0 < r["perplexity"] < 1e6 for r in records)
+    assert all(1.0 < r["perplexity"] < 1e6 and 1.0 < r["ema_perplexity"] < 1e6 for r in records)
+    assert all(r["ema_loss"] != r["loss"] for r in records)
     assert not any((run_dir / "evals" / "pending").iterdir())
 
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
