@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from .errors import ConsolidationError
 from .reader import SourceTensor
 
-# Top-level DCP keys that are never model weights (trainer, Accelerate, torchtitan, Lightning).
+# Top-level DCP keys that are never the model's own weights (trainer, Accelerate, torchtitan, Lightning);
+# "ema" is an average of them, taken with --subtree ema.
 NON_MODEL_ROOTS = frozenset({
+    "ema",
     "optimizer", "optimizers", "optim", "optimizer_states", "optim_state", "lr_scheduler", "lr_schedulers",
     "scheduler", "schedulers", "dataloader", "train_state", "trainer", "rng", "rng_state", "rng_states",
     "random_states", "loops", "callbacks", "extra_state", "grad_scaler", "scaler",

@@ -20,8 +20,11 @@ from fsdp_workflow.consolidate.zipchunk import locate_chunk
 
 
 def test_project_keys_strip_dcp_root_and_skip_training_state():
-    keys = ["model.model.embed_tokens.weight", "model.lm_head.weight", "optimizer.state.model.x.exp_avg", "scheduler.last_epoch"]
+    keys = ["model.model.embed_tokens.weight", "model.lm_head.weight", "optimizer.state.model.x.exp_avg", "scheduler.last_epoch",
+            "ema.model.embed_tokens.weight", "ema.lm_head.weight"]
     assert map_keys(keys) == {"model.embed_tokens.weight": keys[0], "lm_head.weight": keys[1]}
+    # The trainer's EMA (train.ema_decay) is the model's names under "ema": taken only when asked for.
+    assert map_keys(keys, subtree="ema") == {"model.embed_tokens.weight": keys[4], "lm_head.weight": keys[5]}
 
 
 def test_wrapper_prefixes_removed_everywhere():
