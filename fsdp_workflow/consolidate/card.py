@@ -8,6 +8,8 @@ YAML/JSON), from the reference ``config.json``, from the base model's own ``READ
 front matter and from the licence files copied beside the weights. A fact that cannot be
 read is left out or says "unknown"; nothing is estimated, and a card that cannot be
 written never fails a consolidation (:func:`write_model_card` returns a note instead).
+With matplotlib installed, ``loss_curve.png`` (:func:`write_loss_curve`) is drawn beside it
+and linked from the Training section.
 """
 
 from __future__ import annotations
