@@ -1,9 +1,9 @@
-"""A run's training curves read from ``metrics.jsonl``, and drawn as a PNG when matplotlib is installed.
+"""A run's training curves read from ``metrics.jsonl``; ``status --plot``'s PNG when matplotlib is installed.
 
-``status`` (terminal curves, ``--plot``) and the consolidator's model card both read the
-curves here: the status command and the consolidator may not import each other, and
-neither may import the trainer. matplotlib is an optional extra (``pip install
-'fsdp_workflow[plot]'``) imported only inside :func:`write_png`.
+``status`` (terminal curves, ``--plot``) and the consolidator's model card (its small PNG:
+:mod:`.pngplot`) both read the curves here: the status command and the consolidator may not
+import each other, and neither may import the trainer. matplotlib is an optional extra
+(``pip install 'fsdp_workflow[plot]'``) imported only inside :func:`write_png`.
 """
 
 from __future__ import annotations
@@ -105,14 +105,36 @@ def finite(xs: Sequence[int], ys: Sequence[float]) -> Tuple[List[int], List[floa
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def write_png(series: Series, out: Path, *, small: bool = False, title: Optional[str] = None) -> Path:
+def columns(xs: Sequence[float], ys: Sequence[float], num_cols: int, x0: float,
+            x1: float) -> List[Optional[Tuple[float, float]]]:
+    """Per column, the (min, max) of the points that fall in it (None where none does)."""
+    out: List[Optional[Tuple[float, float]]] = [None] * num_cols
+    span = (x1 - x0) or 1.0
+    for x, y in zip(xs, ys):
+        c = min(num_cols - 1, max(0, int((x - x0) / span * (num_cols - 1) + 0.5)))
+        cur = out[c]
+        out[c] = (y, y) if cur is None else (min(cur[0], y), max(cur[1], y))
+    return out
+
+
+def bridge(cols: List[Optional[Tuple[float, float]]]) -> List[Optional[Tuple[float, float]]]:
+    """Fill the empty columns between two drawn ones by linear interpolation (fewer points than columns)."""
+    known = [i for i, mm in enumerate(cols) if mm is not None]
+    out = list(cols)
+    for a, b in zip(known, known[1:]):
+        ya, yb = cols[a][1], cols[b][0]  # type: ignore[index]
+        for i in range(a + 1, b):
+            y = ya + (yb - ya) * (i - a) / (b - a)
+            out[i] = (y, y)
+    return out
+
+
+def write_png(series: Series, out: Path, *, title: Optional[str] = None) -> Path:
     """Draw the curves into ``out`` (a PNG), written to a temporary name and renamed.
 
     Args:
         series: From :func:`read_series`.
         out: The PNG to write.
-        small: Only the loss panel, about 640x360 pixels (the model card's image); else
-            loss, tokens/s and MFU panels.
         title: The figure title.
 
     Returns:
@@ -132,9 +154,8 @@ def write_png(series: Series, out: Path, *, small: bool = False, title: Optional
     xs, ys = finite(series.steps, series.loss)
     if not xs:
         raise ValueError("metrics.jsonl has no finite training loss to plot yet")
-    panels = 1 if small else 3
-    fig = Figure(figsize=(6.4, 3.6) if small else (8.0, 8.0), dpi=100, layout="constrained")
-    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    fig = Figure(figsize=(8.0, 8.0), dpi=100, layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
     ax = axes[0]
     ax.plot(xs, ys, lw=1.2, label="training loss")
     if series.eval_steps:
@@ -142,13 +163,12 @@ def write_png(series: Series, out: Path, *, small: bool = False, title: Optional
     ax.set_ylabel("loss")
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3)
-    if not small:
-        for ax_, ys_, label, scale in ((axes[1], series.tokens_per_s, "tokens/s", 1.0),
-                                       (axes[2], series.mfu, "MFU %", 100.0)):
-            x2, y2 = finite(series.steps, ys_)
-            ax_.plot(x2, [v * scale for v in y2], lw=1.0, color="tab:green")
-            ax_.set_ylabel(label)
-            ax_.grid(alpha=0.3)
+    for ax_, ys_, label, scale in ((axes[1], series.tokens_per_s, "tokens/s", 1.0),
+                                   (axes[2], series.mfu, "MFU %", 100.0)):
+        x2, y2 = finite(series.steps, ys_)
+        ax_.plot(x2, [v * scale for v in y2], lw=1.0, color="tab:green")
+        ax_.set_ylabel(label)
+        ax_.grid(alpha=0.3)
     axes[-1].set_xlabel("step")
     if title:
         fig.suptitle(title)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from fsdp_workflow.core.curves import Series, finite
+from fsdp_workflow.core.curves import Series, bridge, columns, finite
 
 # braille dot bits by (x 0..1, y 0..3 from the top)
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
@@ -29,30 +29,6 @@ def _label(v: float) -> str:
     if a >= 1:
         return f"{v:.3f}"
     return f"{v:.4f}"
-
-
-def columns(xs: Sequence[float], ys: Sequence[float], num_cols: int, x0: float,
-            x1: float) -> List[Optional[Tuple[float, float]]]:
-    """Per dot column, the (min, max) of the points that fall in it (None where none does)."""
-    out: List[Optional[Tuple[float, float]]] = [None] * num_cols
-    span = (x1 - x0) or 1.0
-    for x, y in zip(xs, ys):
-        c = min(num_cols - 1, max(0, int((x - x0) / span * (num_cols - 1) + 0.5)))
-        cur = out[c]
-        out[c] = (y, y) if cur is None else (min(cur[0], y), max(cur[1], y))
-    return out
-
-
-def _bridge(cols: List[Optional[Tuple[float, float]]]) -> List[Optional[Tuple[float, float]]]:
-    """Fill the empty dot columns between two drawn ones by linear interpolation (fewer points than columns)."""
-    known = [i for i, mm in enumerate(cols) if mm is not None]
-    out = list(cols)
-    for a, b in zip(known, known[1:]):
-        ya, yb = cols[a][1], cols[b][0]  # type: ignore[index]
-        for i in range(a + 1, b):
-            y = ya + (yb - ya) * (i - a) / (b - a)
-            out[i] = (y, y)
-    return out
 
 
 def plot(xs: Sequence[float], ys: Sequence[float], width: int, height: int, *,
@@ -86,7 +62,7 @@ def plot(xs: Sequence[float], ys: Sequence[float], width: int, height: int, *,
         return min(rows - 1, max(0, int(round((hi - y) / (hi - lo) * (rows - 1)))))
 
     prev: Optional[Tuple[int, int]] = None
-    for c, mm in enumerate(_bridge(columns(xs, ys, cols, x0, x1))):
+    for c, mm in enumerate(bridge(columns(xs, ys, cols, x0, x1))):
         if mm is None:
             continue
         top, bot = dot_row(mm[1]), dot_row(mm[0])

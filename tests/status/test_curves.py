@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fsdp_workflow.core.curves import read_series
-from fsdp_workflow.status.curves import EVAL_MARK, columns, curve_block, plot
+from fsdp_workflow.core.curves import columns, read_series
+from fsdp_workflow.status.curves import EVAL_MARK, curve_block, plot
 
 from .fixtures import EVAL_EVERY, SPIKE_LOSS, SPIKE_STEP, STEPS, eval_at, loss_at, write_run
 
