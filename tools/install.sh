@@ -11,7 +11,8 @@
 # - As root with apt-get (CI, test machines): the Debian packages the tests run
 #   for real: slurm-wlm, slurmdbd, munge and mariadb-server (a local Slurm
 #   with accounting, so sacct and submitit's polling work), iproute2 and
-#   iputils-ping (the two-node cluster), bubblewrap (container isolation).
+#   iputils-ping (the two-node cluster), bubblewrap (container isolation),
+#   tmux (the status screen test reads an 80-column pane).
 #   Skip with FSDP_WORKFLOW_SKIP_APT=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,7 +20,7 @@ PY="${PYTHON:-python3}"
 command -v "$PY" >/dev/null || PY=python
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${FSDP_WORKFLOW_SKIP_APT:-0}" != 1 ]; then
-    pkgs=(slurm-wlm slurmdbd munge mariadb-server iproute2 iputils-ping bubblewrap)
+    pkgs=(slurm-wlm slurmdbd munge mariadb-server iproute2 iputils-ping bubblewrap tmux)
     missing=()
     for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ "${#missing[@]}" -gt 0 ]; then

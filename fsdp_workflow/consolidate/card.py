@@ -8,6 +8,8 @@ YAML/JSON), from the reference ``config.json``, from the base model's own ``READ
 front matter and from the licence files copied beside the weights. A fact that cannot be
 read is left out or says "unknown"; nothing is estimated, and a card that cannot be
 written never fails a consolidation (:func:`write_model_card` returns a note instead).
+``loss_curve.png`` (:func:`write_loss_curve`), drawn beside it when the run logged a loss, is
+linked from the Training section.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsdp_workflow.core.curves import read_series
+from fsdp_workflow.core.pngplot import loss_png
 from fsdp_workflow.core.rundir import RunDir
 
 from .hf_assets import CARD_FILE, licence_files, licence_metadata
 from .layout import step_of
 
 TAGS = ["fsdp_workflow"]
+CURVE_FILE = "loss_curve.png"  # beside README.md, drawn from metrics.jsonl
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any of them: AutoTokenizer loads
 # huggingface_hub's cache layout: .../models--ORG--NAME/snapshots/<sha>/ (datasets--ORG--NAME for data)
 _HUB_CACHE_RE = re.compile(r"(models|datasets)--([\w.-]+?)--([\w.-]+)")
@@ -144,11 +149,36 @@ def write_model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: 
     Returns:
         None when the card was written; else a note saying why not (the consolidation goes on).
     """
+    curve_note = write_loss_curve(out_dir, checkpoint_dirs)
     try:
         text = model_card(out_dir, checkpoint_dirs, reference, report, final_dir=final_dir)
         (out_dir / CARD_FILE).write_text(text, encoding="utf-8")
     except Exception as exc:  # noqa: BLE001 - a card is a courtesy; it must never fail a verified model
         return f"model card not written: {type(exc).__name__}: {exc}"
+    return curve_note
+
+
+def write_loss_curve(out_dir: Path, checkpoint_dirs: Sequence[Path]) -> str | None:
+    """Draw ``out_dir/loss_curve.png`` (training and eval loss up to the consolidated step) for the card.
+
+    Only for a checkpoint of a project run whose metrics.jsonl has a finite loss. Drawn with
+    the standard library (:mod:`fsdp_workflow.core.pngplot`, milliseconds): matplotlib would
+    cost the consolidator about a second and 50 MB.
+
+    Returns:
+        None, or a note when drawing failed (the card is still written, without the image).
+    """
+    run_dir = find_run_dir(checkpoint_dirs)
+    steps = [s for s in (step_of(Path(d).name) for d in checkpoint_dirs) if s is not None]
+    if run_dir is None or not steps:
+        return None
+    metrics = RunDir.recorded(run_dir).metrics
+    try:
+        series = read_series(metrics).up_to(max(steps))
+        if any(math.isfinite(v) for v in series.loss):
+            loss_png(series, out_dir / CURVE_FILE)
+    except Exception as exc:  # noqa: BLE001 - an image is a courtesy too
+        return f"{CURVE_FILE} not drawn: {type(exc).__name__}: {exc}"
     return None
 
 
@@ -183,6 +213,8 @@ def model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: Path |
     lines = [f"# {name}", ""]
     lines += _summary(base, facts, cfg)
     lines += ["", "## Training", ""] + _table(_training_rows(base, facts, cfg, checkpoint_dirs))
+    if (out_dir / CURVE_FILE).is_file():
+        lines += ["", f"![Training loss by step (eval loss as dots)]({CURVE_FILE})"]
     lines += ["", "## Weights", ""] + _table(_weight_rows(report, checkpoint_dirs, steps, out_config, out_dir))
     lines += ["", "## Licence", ""] + _licence_text(meta, out_dir)
     if out_config:
@@ -480,4 +512,5 @@ def _last_per_step(records: Any) -> dict[int, dict[str, Any]]:
     return out
 
 
-__all__ = ["CARD_FILE", "RunFacts", "base_model_dirs", "find_run_dir", "model_card", "read_run_facts", "write_model_card"]
+__all__ = ["CARD_FILE", "CURVE_FILE", "RunFacts", "base_model_dirs", "find_run_dir", "model_card", "read_run_facts",
+           "write_loss_curve", "write_model_card"]

@@ -2,7 +2,9 @@
 
 :mod:`.collect` reads the run directory, Slurm and the checkpoints into a
 ``RunStatus``; :mod:`.text` renders it for a terminal; :mod:`.__main__` is the
-command line.
+command line. :mod:`.eta` (pace, ETA, Slurm time left, requeues), :mod:`.curves`
+(terminal curves), :mod:`.plot` (``--plot``) and :mod:`.watch` (``--watch``) add
+the progress part.
 """
 
 from fsdp_workflow.status.collect import RunStatus, collect

@@ -2,16 +2,19 @@
 
     python -m fsdp_workflow.status RUN_DIR
     python -m fsdp_workflow.status RUN_DIR --json
+    python -m fsdp_workflow.status RUN_DIR --watch 30      # redraw every 30 s; Ctrl-C stops
+    python -m fsdp_workflow.status RUN_DIR --plot loss.png # needs the plot extra (matplotlib)
     python -m fsdp_workflow.status SWEEP_DIR          # one line per point of a -m sweep
 
 See :mod:`fsdp_workflow.status` for what is read and from where.
-Exit code 0, or 2 when RUN_DIR is not a run directory.
+Exit code 0, or 2 when RUN_DIR is not a run directory or --plot cannot draw.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -20,13 +23,18 @@ from typing import List, Optional
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, SWEEP_FILE
 from fsdp_workflow.status.collect import collect
+from fsdp_workflow.status.plot import plot_run
 from fsdp_workflow.status.text import format_text
+from fsdp_workflow.status.watch import DEFAULT_S, watch
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fsdp_workflow.status", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", help="the run directory given as run_dir= at submission, or a sweep directory")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.add_argument("--watch", nargs="?", type=float, const=DEFAULT_S, metavar="SECONDS",
+                   help=f"redraw every SECONDS (default {DEFAULT_S:g}) until Ctrl-C")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw the curves into a PNG (needs matplotlib)")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir).absolute()
     if (run_dir / SWEEP_FILE).is_file():
@@ -39,9 +47,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"fsdp_workflow.status: {run_dir} is not a run directory (no {CONFIG_FILE}) nor a sweep directory "
               f"(no {SWEEP_FILE}); pass the run_dir= given to `python -m fsdp_workflow`.", file=sys.stderr)
         return EXIT_USAGE
-    rs = collect(run_dir)
-    print(json.dumps(asdict(rs), indent=2) if args.json else format_text(rs))
+    if args.plot is not None and plot_run(run_dir, args.plot) != 0:
+        return EXIT_USAGE
+
+    def render() -> str:
+        rs = collect(run_dir)
+        return json.dumps(asdict(rs), indent=2) if args.json else format_text(rs, _width())
+
+    if args.watch is not None:
+        return watch(render, max(0.5, args.watch))
+    print(render())
     return 0
+
+
+def _width() -> int:
+    """The terminal's columns (80 when not a terminal), at most 120: wider curves get no easier to read."""
+    return min(120, shutil.get_terminal_size((80, 24)).columns)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from fsdp_workflow.core.exit_codes import MEANINGS
 from fsdp_workflow.core.rundir import JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
+from fsdp_workflow.status.eta import Progress, run_progress
 
 # Slurm job state -> what the user is told.
 _STATES = {
@@ -57,6 +58,8 @@ class JobStatus:
     source: str = ""  # scontrol, sacct, or why neither answered
     log: Optional[str] = None
     message: str = ""  # the batch script's last word on requeueing ("out of requeues"), if any
+    time_limit: str = ""  # scontrol's TimeLimit ([D-]HH:MM:SS, UNLIMITED)
+    run_time: str = ""  # scontrol's RunTime when asked
 
 
 @dataclass
@@ -74,6 +77,7 @@ class RunStatus:
     verification: Optional[dict] = None
     last_eval: Optional[dict] = None
     data: Optional[dict] = None  # the prepared token cache: path, samples, tokens, trained tokens
+    progress: Optional[Progress] = None  # step, pace, ETA, Slurm time left, requeues, last metrics
     notes: List[str] = field(default_factory=list)
 
 
@@ -169,6 +173,7 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
         st.slurm_state = rec.get("JobState", "")
         st.reason = rec.get("Reason", "") if rec.get("Reason") not in ("None", "(null)") else ""
         st.exit_code = rec.get("ExitCode", "")
+        st.time_limit, st.run_time = rec.get("TimeLimit", ""), rec.get("RunTime", "")
         try:
             st.restarts = int(rec.get("Restarts", "0") or 0)
         except ValueError:
@@ -235,6 +240,7 @@ def collect(run_dir: Path) -> RunStatus:
     rs.train_exit = _train_exit(layout)
     rs.requeue_marker = layout.requeue_marker.exists()
     rs.data = _data_summary(layout)
+    rs.progress = run_progress(layout, rs.jobs)
     out = layout.hf_model
     rs.consolidated_dir = str(out)
     if out.is_dir():

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from fsdp_workflow.core.curves import read_series
+from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.status.collect import RunStatus
+from fsdp_workflow.status.curves import curve_block
+from fsdp_workflow.status.eta import progress_lines
 
 
-def format_text(rs: RunStatus) -> str:
+def format_text(rs: RunStatus, width: int = 80) -> str:
+    """The report; the progress lines and the curves (``width`` columns) come after the fixed lines."""
     lines = [f"run: {rs.run_dir}"]
     for j in rs.jobs:
         extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
@@ -40,4 +45,7 @@ def format_text(rs: RunStatus) -> str:
     if rs.last_eval:
         lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))
     lines += [f"note: {n}" for n in rs.notes]
+    lines += progress_lines(rs.progress)
+    if rs.progress is not None and rs.progress.step is not None:
+        lines += [""] + curve_block(read_series(RunDir(rs.run_dir).metrics), width)
     return "\n".join(lines)

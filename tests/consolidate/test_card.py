@@ -9,6 +9,9 @@ consolidator's commit step adds them.
 from __future__ import annotations
 
 import json
+import struct
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_workflow.consolidate import consolidate
-from fsdp_workflow.consolidate.card import read_run_facts, write_model_card
+from fsdp_workflow.consolidate.card import CURVE_FILE, read_run_facts, write_model_card
 from fsdp_workflow.consolidate.hf_assets import (
     CARD_FILE,
     copy_licenses,
@@ -121,6 +124,30 @@ def test_card_of_a_project_run(tmp_path):
     assert "[LICENSE](LICENSE), [USE_POLICY.md](USE_POLICY.md)" in text
     assert f"| parameters | {tiny_model(tied=True).num_parameters():,} " in text
     assert f'AutoTokenizer.from_pretrained("{tmp_path / "out"}")' in text
+    # the loss curve beside the card, steps 1-4 only: 640x360 pixels
+    png = (tmp_path / "out" / CURVE_FILE).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (640, 360)
+    assert f"![Training loss by step (eval loss as dots)]({CURVE_FILE})" in text
+
+
+def test_the_curve_needs_no_matplotlib(tmp_path, monkeypatch):
+    run = make_run(tmp_path / "run", tiny_model(tied=False))
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # any import of it fails: it is not used
+    assert write_model_card(out, [run.step_dir(4)], run.hf_assets, {}) is None
+    png = (out / CURVE_FILE).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and zlib.crc32(png[12:29]) == struct.unpack(">I", png[29:33])[0]
+    assert CURVE_FILE in (out / CARD_FILE).read_text()
+
+
+def test_no_metrics_no_image(tmp_path):
+    run = make_run(tmp_path / "run", tiny_model(tied=False))
+    run.metrics.unlink()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert write_model_card(out, [run.step_dir(4)], run.hf_assets, {}) is None
+    assert sorted(p.name for p in out.iterdir()) == [CARD_FILE]
 
 
 def test_facts_stop_at_the_consolidated_step_and_need_every_step_for_tokens(tmp_path):

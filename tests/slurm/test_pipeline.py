@@ -76,6 +76,10 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert [(j["role"], j["status"]) for j in st["jobs"] if not j["role"].startswith("eval-")] == [
         ("prepare", "done"), ("train", "done"), ("consolidate", "done")]
     assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
+    assert (st["progress"]["step"], st["progress"]["max_steps"], st["progress"]["eta_s"]) == (30, 30, 0.0)
+    card_dir = run_dir / "hf_model"  # the model card links the loss curve drawn beside it
+    assert (card_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](loss_curve.png)" in (card_dir / "README.md").read_text()
 
 
 def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):

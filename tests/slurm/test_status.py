@@ -149,3 +149,35 @@ def test_status_of_a_run_dir_never_submitted(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(tmp_path / "nope")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not a run directory" in bad.stderr
+
+
+@pytest.mark.slurm
+def test_status_shows_the_time_left_in_the_running_training_jobs_allocation(slurm_cluster, tmp_path):
+    """A real running job with --time=10 stands in for the training job (no training: metrics.jsonl is
+    written as the trainer writes it): the time left is scontrol's TimeLimit minus RunTime, and the
+    ETA at 2 s a step for the 90 steps left (3 minutes) fits in it."""
+    import yaml
+
+    run_dir = tmp_path / "running"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 100}}))
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"time": 1000.0 + 2 * s, "step": s, "loss": 5.0 - s / 10, "tokens_per_s": 900.0, "mfu": 0.1}) + "\n"
+        for s in range(1, 11)))
+    job = su.sbatch("--time=10", "--mem=100M", "-c", "1", "-o", str(run_dir / "logs" / "train-%j.out"),
+                    "--wrap", "sleep 600")
+    try:
+        (run_dir / "jobs.txt").write_text(f"train {job}\n")
+        su.wait_for_state(job, ["RUNNING"], timeout_s=120)
+        st = json.loads(_status(run_dir, "--json"))
+        p = st["progress"]
+        assert (p["train_job"], p["time_limit_s"], p["eta_s"], p["requeues"]) == (str(job), 600.0, 180.0, 0)
+        assert 0 < p["time_left_s"] <= 600
+        text = _status(run_dir)
+        assert "progress: step 10 of 100 (10%), 2 s/step (median of the last 20), ETA 3m00s" in text
+        line = next(l for l in text.splitlines() if l.startswith("slurm time left: "))
+        assert line.endswith(f" of 10m00s (train job {job})") and "outlasts" not in line, line
+        assert "requeues: 0" in text and "loss (step 10: 4.0000)" in text
+    finally:
+        su.scancel(job)
+

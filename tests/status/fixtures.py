@@ -1,0 +1,52 @@
+"""A run directory as the trainer leaves it mid-run: config.yaml and a metrics.jsonl of real-looking numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from fsdp_workflow.core.rundir import RunDir
+
+STEPS = 500  # logged so far
+MAX_STEPS = 1000  # train.max_steps
+SPIKE_STEP, SPIKE_LOSS = 300, 9.0  # one bad batch: the curve must still show it after downsampling
+EVAL_EVERY = 100
+PACE_S = 0.5  # wall-clock seconds per step
+REQUEUE_GAP_S = 120.0  # the requeue before step 251: one long gap the pace must ignore
+T0 = 1_795_000_000.0
+
+
+def smooth(step: int) -> float:
+    return 2.0 + 3.0 * math.exp(-step / 80)
+
+
+def loss_at(step: int) -> float:
+    return SPIKE_LOSS if step == SPIKE_STEP else smooth(step)
+
+
+def eval_at(step: int) -> float:
+    return smooth(step) + 0.1
+
+
+def write_run(root: Path, steps: int = STEPS) -> RunDir:
+    """config.yaml (train.max_steps) and metrics.jsonl with ``steps`` steps, a torn line and a redone step."""
+    run = RunDir(root)
+    root.mkdir(parents=True)
+    run.config.write_text(yaml.safe_dump({"name": "fixture", "train": {"max_steps": MAX_STEPS}}))
+    lines, t = [], T0
+    for step in range(1, steps + 1):
+        t += PACE_S + (REQUEUE_GAP_S if step == 251 else 0.0)
+        rec = {"time": round(t, 3), "step": step, "loss": loss_at(step), "lr": 1e-4, "grad_norm": 1.0,
+               "tokens_per_s": 8000.0 + step, "trained_tokens": 4000, "mfu": 0.30 + step / 1e5,
+               "peak_tflops": 989.0, "step_time_s": 0.45, "samples_consumed": 8 * step}
+        if step % EVAL_EVERY == 0:
+            rec["eval_loss"] = eval_at(step)
+        if step == 250:  # the crash tore a line, then the resume redid step 250
+            lines.append(json.dumps({**rec, "loss": 99.0}))
+            lines.append('{"step": 251, "lo')
+        lines.append(json.dumps(rec))
+    run.metrics.write_text("\n".join(lines) + "\n")
+    return run
