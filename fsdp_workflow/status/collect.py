@@ -74,6 +74,8 @@ class RunStatus:
     requeue_marker: bool = False
     consolidated_dir: str = ""
     consolidated: str = "absent"  # absent, present, verified, verification failed
+    consolidated_ema_dir: str = ""  # the EMA's model (train.ema_decay), when it exists
+    consolidated_ema: str = "absent"
     verification: Optional[dict] = None
     last_eval: Optional[dict] = None
     data: Optional[dict] = None  # the prepared token cache: path, samples, tokens, trained tokens
@@ -219,6 +221,20 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
     return out
 
 
+def _consolidated(out: Path) -> tuple:
+    """(absent | present | verified | verification failed | present (unreadable ...), verification.json)."""
+    if not out.is_dir():
+        return "absent", None
+    vpath = out / "verification.json"
+    if not vpath.is_file():
+        return "present", None
+    try:
+        verification = json.loads(vpath.read_text())
+    except ValueError:
+        return "present (unreadable verification.json)", None
+    return ("verified" if verification.get("ok") else "verification failed"), verification
+
+
 def collect(run_dir: Path) -> RunStatus:
     """Everything :func:`main` prints, as data."""
     layout = RunDir.recorded(run_dir)  # cluster.log_dir and consolidate.output_dir as the run recorded them
@@ -241,17 +257,11 @@ def collect(run_dir: Path) -> RunStatus:
     rs.requeue_marker = layout.requeue_marker.exists()
     rs.data = _data_summary(layout)
     rs.progress = run_progress(layout, rs.jobs)
-    out = layout.hf_model
-    rs.consolidated_dir = str(out)
-    if out.is_dir():
-        rs.consolidated = "present"
-        vpath = out / "verification.json"
-        if vpath.is_file():
-            try:
-                rs.verification = json.loads(vpath.read_text())
-                rs.consolidated = "verified" if rs.verification.get("ok") else "verification failed"
-            except ValueError:
-                rs.consolidated = "present (unreadable verification.json)"
+    rs.consolidated_dir = str(layout.hf_model)
+    rs.consolidated, rs.verification = _consolidated(layout.hf_model)
+    if layout.hf_model_ema.is_dir():  # train.ema_decay: the EMA's model beside it
+        rs.consolidated_ema_dir = str(layout.hf_model_ema)
+        rs.consolidated_ema = _consolidated(layout.hf_model_ema)[0]
     if layout.evals_file.is_file():
         lines = [l for l in layout.evals_file.read_text().splitlines() if l.strip()]
         if lines:

@@ -42,6 +42,8 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
                   if train else rs.data.get("note", ""))
         lines.append(f"data: {counts}" + (f" ({rs.data['cache']})" if rs.data.get("cache") else ""))
     lines.append(f"consolidated model: {rs.consolidated} ({rs.consolidated_dir})")
+    if rs.consolidated_ema_dir:
+        lines.append(f"consolidated EMA:   {rs.consolidated_ema} ({rs.consolidated_ema_dir})")
     if rs.last_eval:
         lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))
     lines += [f"note: {n}" for n in rs.notes]

@@ -76,6 +76,7 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert [(j["role"], j["status"]) for j in st["jobs"] if not j["role"].startswith("eval-")] == [
         ("prepare", "done"), ("train", "done"), ("consolidate", "done")]
     assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
+    assert st["consolidated_ema"] == "verified" and st["consolidated_ema_dir"] == str(run_dir / "hf_model_ema")
     assert (st["progress"]["step"], st["progress"]["max_steps"], st["progress"]["eta_s"]) == (30, 30, 0.0)
     card_dir = run_dir / "hf_model"  # the model card links the loss curve drawn beside it
     assert (card_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
