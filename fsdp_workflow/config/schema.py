@@ -180,6 +180,25 @@ class ContainerRuntime(str, Enum):
     pyxis = "pyxis"
 
 
+class Tracker(str, Enum):
+    """An experiment tracker ``train.report_to`` logs to, through Accelerate (docs/observability.md)."""
+
+    tensorboard = "tensorboard"
+    mlflow = "mlflow"
+    wandb = "wandb"
+    trackio = "trackio"
+    none = "none"  # no tracker (the same as an empty list)
+
+
+class LogLevel(str, Enum):
+    """Verbosity of every stage's log (rank 0; other ranks log warnings); DEBUG adds tracebacks of user errors."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
 class OutputDtype(str, Enum):
     keep = "keep"  # keep the dtype the checkpoint stores
     bf16 = "bf16"
@@ -341,6 +360,7 @@ class TrainConfig:
     eval_batches: int = bounded(8, ge=1)
     compile: bool = False  # torch.compile the model after wrapping
     peak_tflops: Optional[float] = bounded(None, gt=0)  # per device, for MFU; None: guessed from the device name
+    report_to: List[Tracker] = field(default_factory=list)  # experiment trackers (rank 0 logs metrics.jsonl there); []: none
 
 
 @dataclass
@@ -378,7 +398,8 @@ class WorkflowConfig:
     consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
     run_dir: str = MISSING  # where config, scripts, logs, checkpoints and the model go
     dry_run: bool = False  # plan and write scripts, submit nothing
-    name: str = "run"  # job name prefix on Slurm
+    name: str = "run"  # job name prefix on Slurm; also the tracker experiment / project name
+    log_level: LogLevel = LogLevel.INFO  # DEBUG | INFO | WARNING | ERROR, every stage; DEBUG: full tracebacks of user errors
 
 
 def world_size(cfg: WorkflowConfig) -> int:
