@@ -93,7 +93,8 @@ def setup_logging(level: Union[str, int] = "INFO", stream: Optional[TextIO] = No
                   rank: Optional[int] = None, world: Optional[int] = None) -> logging.Logger:
     """Configure this process's logging once (calling again replaces the previous setup).
 
-    The package's loggers (``fsdp_workflow.*``) log at :func:`rank_level`; other
+    The package's loggers (``fsdp_workflow.*``, and ``__main__``: the module run
+    with ``python -m``) log at :func:`rank_level`; other
     libraries' loggers stay at WARNING (DEBUG when ``level`` is DEBUG) so that
     Accelerate's or transformers' INFO chatter does not fill the job log.
 
@@ -118,6 +119,8 @@ def setup_logging(level: Union[str, int] = "INFO", stream: Optional[TextIO] = No
     handler.setFormatter(logging.Formatter(line_format(rank, world), datefmt="%Y-%m-%d %H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if number <= logging.DEBUG else logging.WARNING)
+    # ``python -m fsdp_workflow.X`` runs X's module as ``__main__``: its logger is named so
+    logging.getLogger("__main__").setLevel(number)
     package = logging.getLogger(PACKAGE_LOGGER)
     package.setLevel(number)
     return package
