@@ -75,7 +75,23 @@ def line_format(rank: int, world: int) -> str:
 
 
 class _ConsoleHandler(logging.StreamHandler):
-    """A stream handler that writes above a progress bar instead of through it."""
+    """A stream handler that writes above a progress bar instead of through it.
+
+    Without a stream it writes to whatever ``sys.stderr`` is at the time, as
+    ``logging.lastResort`` does (so a test capturing stderr sees the lines).
+    """
+
+    def __init__(self, stream: Optional[TextIO] = None) -> None:
+        super().__init__(stream)
+        self._follow_stderr = stream is None
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr if self._follow_stderr else self._stream
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        self._stream = value
 
     def emit(self, record: logging.LogRecord) -> None:
         if not _active_bars:
@@ -114,7 +130,7 @@ def setup_logging(level: Union[str, int] = "INFO", stream: Optional[TextIO] = No
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
         root.removeHandler(old)
-    handler = _ConsoleHandler(stream if stream is not None else sys.stderr)
+    handler = _ConsoleHandler(stream)
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(logging.Formatter(line_format(rank, world), datefmt="%Y-%m-%d %H:%M:%S"))
     root.addHandler(handler)
@@ -196,8 +212,9 @@ class RunLogFileHandler(logging.Handler):
     Hydra configures logging before the config is validated. Until ``config.yaml``
     exists in the run directory, records are held in memory: an invalid config
     (exit 2) then leaves no log file, hence no directory, behind. Once the planner
-    has written the run directory the held records are written first, and the
-    file is appended to from then on (a resubmission adds to it).
+    has written the run directory (at the next record, or at exit) the held
+    records are written first, and the file is appended to from then on (a
+    resubmission adds to it).
 
     Args:
         run_dir: Hydra's run directory (``${hydra:runtime.output_dir}``, which the
@@ -216,7 +233,8 @@ class RunLogFileHandler(logging.Handler):
     def path(self) -> Path:
         return self.run.logs / PLANNER_LOG_FILE
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def _open_when_planned(self) -> None:
+        """Open the file (writing the held records first) once the run directory holds its config."""
         if self._file is None and self.run.config.is_file():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = logging.FileHandler(self.path, encoding="utf-8")
@@ -224,6 +242,9 @@ class RunLogFileHandler(logging.Handler):
             for held in self._held:
                 self._file.emit(held)
             self._held.clear()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._open_when_planned()
         if self._file is not None:
             self._file.emit(record)
         else:
@@ -235,7 +256,16 @@ class RunLogFileHandler(logging.Handler):
         if self._file is not None:
             self._file.setFormatter(fmt)
 
+    def flush(self) -> None:
+        if self._held:
+            self._open_when_planned()
+        if self._file is not None:
+            self._file.flush()
+
     def close(self) -> None:
+        """At exit (``logging.shutdown``): write what was held if the run was planned, else drop it."""
+        self.flush()
         if self._file is not None:
             self._file.close()
+        self._held.clear()
         super().close()

@@ -181,7 +181,7 @@ def metrics_hook(accelerator: Any) -> Optional[Callable[[Mapping[str, Any]], Non
 
     None where this process holds no tracker (no ``report_to``, or not rank 0).
     """
-    if not getattr(accelerator, "trackers", None):
+    if not accelerator.trackers:
         return None
 
     def on_record(record: Mapping[str, Any]) -> None:
@@ -191,7 +191,7 @@ def metrics_hook(accelerator: Any) -> Optional[Callable[[Mapping[str, Any]], Non
 
 def finish(accelerator: Any) -> None:
     """Flush and close the trackers (rank 0 holds them); the process group stays (unlike ``end_training``)."""
-    for tracker in getattr(accelerator, "trackers", []):
+    for tracker in accelerator.trackers:
         tracker.finish()
 
 
