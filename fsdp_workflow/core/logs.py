@@ -135,6 +135,12 @@ def setup_logging(level: Union[str, int] = "INFO", stream: Optional[TextIO] = No
     handler.setFormatter(logging.Formatter(line_format(rank, world), datefmt="%Y-%m-%d %H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if number <= logging.DEBUG else logging.WARNING)
+    return set_level(number)
+
+
+def set_level(level: Union[str, int]) -> logging.Logger:
+    """Set the package's loggers to ``level`` (the Hydra command calls this with ``log_level``; returns the package logger)."""
+    number = level_number(level)
     # ``python -m fsdp_workflow.X`` runs X's module as ``__main__``: its logger is named so
     logging.getLogger("__main__").setLevel(number)
     package = logging.getLogger(PACKAGE_LOGGER)
