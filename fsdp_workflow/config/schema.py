@@ -180,6 +180,25 @@ class ContainerRuntime(str, Enum):
     pyxis = "pyxis"
 
 
+class Tracker(str, Enum):
+    """An experiment tracker ``train.report_to`` logs to, through Accelerate (docs/observability.md)."""
+
+    tensorboard = "tensorboard"
+    mlflow = "mlflow"
+    wandb = "wandb"
+    trackio = "trackio"
+    none = "none"  # no tracker (the same as an empty list)
+
+
+class LogLevel(str, Enum):
+    """Verbosity of every stage's log (rank 0; other ranks log warnings); DEBUG adds tracebacks of user errors."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
 class OutputDtype(str, Enum):
     keep = "keep"  # keep the dtype the checkpoint stores
     bf16 = "bf16"
@@ -345,6 +364,7 @@ class TrainConfig:
     ema_decay: Optional[float] = bounded(None, gt=0, lt=1)  # ema = decay*ema + (1-decay)*weights; None: no EMA
     ema_every_steps: int = bounded(1, ge=1)  # update the EMA every N optimizer steps (after ema_start_step)
     ema_start_step: int = bounded(0, ge=0)  # up to this optimizer step the EMA equals the weights
+    report_to: List[Tracker] = field(default_factory=list)  # experiment trackers (rank 0 logs metrics.jsonl there); []: none
 
 
 @dataclass
@@ -382,7 +402,8 @@ class WorkflowConfig:
     consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
     run_dir: str = MISSING  # where config, scripts, logs, checkpoints and the model go
     dry_run: bool = False  # plan and write scripts, submit nothing
-    name: str = "run"  # job name prefix on Slurm
+    name: str = "run"  # job name prefix on Slurm; also the tracker experiment / project name
+    log_level: LogLevel = LogLevel.INFO  # DEBUG | INFO | WARNING | ERROR, every stage; DEBUG: full tracebacks of user errors
 
 
 def world_size(cfg: WorkflowConfig) -> int:

@@ -12,14 +12,15 @@ every violation is collected before anything is reported::
 
 The rules live in ``rules_strategy`` (FSDP / DeepSpeed / optimizer / precision),
 ``rules_topology`` (world size, batch, Slurm) and ``rules_run`` (paths,
-checkpoints, consolidation, containers). No torch import here.
+checkpoints, consolidation, containers) and ``rules_trackers`` (train.report_to). No torch
+import here.
 """
 
 from __future__ import annotations
 
 from typing import List, Sequence
 
-from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology
+from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology, rules_trackers
 from fsdp_workflow.config.errors import BOUNDS_WHY, ConfigError, Issue, Rule, ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
 
@@ -29,7 +30,7 @@ __all__ = ["ConfigError", "Issue", "Rule", "ValidationReport", "all_rules", "val
 def all_rules() -> List[Rule]:
     """Every rule of the config stage, in the order its messages are reported."""
     return [*rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
-            *rules_env.RULES]
+            *rules_env.RULES, *rules_trackers.RULES]
 
 
 def validate(cfg: WorkflowConfig, extra_rules: Sequence[Rule] = ()) -> ValidationReport:

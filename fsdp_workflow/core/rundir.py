@@ -10,7 +10,8 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       config.yaml  launch.env  provenance.json  jobs.txt      what was planned and submitted
       prepare.sbatch  train.sbatch  train_node.sh  consolidate.sbatch  eval.sbatch  submit.sh
       post_checkpoint.sh                                      run by rank 0 after each checkpoint (if planned)
-      logs/                                                   job logs (or cluster.log_dir)
+      logs/                                                   job logs (or cluster.log_dir); fsdp_workflow.log: the command's own
+      trackers/                                               experiment trackers' local files (train.report_to)
       checkpoints/step-N/                                     complete checkpoints
       checkpoints/step-N.tmp/  step-N.deleting/               being written / being pruned: never a checkpoint
       checkpoints/step-N.corrupt/                             failed verification at resume: set aside, never deleted
@@ -65,6 +66,10 @@ SUBMIT_SCRIPT = "submit.sh"
 POST_CHECKPOINT_HOOK = "post_checkpoint.sh"  # bash post_checkpoint.sh STEP, after step-STEP is committed
 
 LOG_DIR = "logs"
+PLANNER_LOG_FILE = "fsdp_workflow.log"  # RUN_DIR/logs/: what `python -m fsdp_workflow` logged (Hydra's job logging)
+TRACKERS_DIR = "trackers"  # experiment trackers' local stores, one folder per tracker
+TRACKER_NAMES = ("tensorboard", "mlflow", "wandb", "trackio")  # train.report_to values (besides none)
+TRACKER_IDS_FILE = "run_ids.json"  # trackers/: the MLflow / W&B run ids, so a resume or an eval job logs to the same run
 CHECKPOINTS_DIR = "checkpoints"
 HF_ASSETS_DIR = "hf_assets"
 HF_MODEL_DIR = "hf_model"
@@ -247,6 +252,21 @@ class RunDir:
         return self.logs / f"{base}-{job_id}.out"
 
     # written by the trainer
+    @property
+    def trackers(self) -> Path:
+        """``trackers/``: TensorBoard event files, the MLflow file store, W&B's and Trackio's offline files."""
+        return self.root / TRACKERS_DIR
+
+    def tracker_dir(self, name: str) -> Path:
+        """One tracker's local files (``tensorboard``, ``mlflow``, ``wandb``, ``trackio``)."""
+        if name not in TRACKER_NAMES:
+            raise ValueError(f"unknown tracker {name!r}; one of {', '.join(TRACKER_NAMES)}")
+        return self.trackers / name
+
+    @property
+    def tracker_ids(self) -> Path:
+        return self.trackers / TRACKER_IDS_FILE
+
     @property
     def metrics(self) -> Path:
         return self.root / METRICS_FILE

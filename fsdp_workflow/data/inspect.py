@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -23,8 +24,11 @@ import numpy as np
 
 from fsdp_workflow.config.schema import run_layout
 from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
 from fsdp_workflow.data.cache import IGNORE_INDEX, SPLITS, CacheError, PackedSplit
 from fsdp_workflow.data.open import open_cache
+
+log = logging.getLogger(__name__)
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
@@ -79,6 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--split", choices=SPLITS, default=SPLITS[0])
     parser.add_argument("--json", action="store_true", help="one JSON list of samples, for tools")
     args = parser.parse_args(argv)
+    setup_logging(recorded_log_level(args.run_dir))
     from fsdp_workflow.config.load import load_run_config
     from fsdp_workflow.data.tokenizer import load_tokenizer
 
@@ -93,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if split is None:
             raise CacheError(f"{cache.path}: no {args.split} split (no held-out documents)")
     except (CacheError, FileNotFoundError, ValueError) as err:
-        print(f"inspect: {err}", file=sys.stderr)
+        report_user_error(log, f"inspect: {err}", err)
         return EXIT_USAGE
     records = [sample_record(split, i, tok) for i in range(min(args.n, split.num_samples))]
     if args.json:

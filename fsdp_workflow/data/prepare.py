@@ -18,6 +18,7 @@ import argparse
 import collections
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -30,6 +31,7 @@ import numpy as np
 
 from fsdp_workflow.config.schema import DataFormat, DataSource, ModelInit, OnBadRecord, WorkflowConfig, run_layout
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
 from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
 from fsdp_workflow.data.cache import FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, write_split
 from fsdp_workflow.data.encode import ChunkResult, EncodeSpec, encode_chunk, init_worker
@@ -37,6 +39,8 @@ from fsdp_workflow.data.formats import FormatSpec
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
 from fsdp_workflow.data.templates import TemplateError, resolve_template
 from fsdp_workflow.data.tokenizer import load_tokenizer, tokenizer_source
+
+log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 512  # records per worker task: big enough to amortise, small enough to balance
 MAX_BAD_SHOWN = 5
@@ -116,7 +120,7 @@ def available_cpus() -> int:
 
 
 class _Progress:
-    """Records/s and tokens on stderr, every few seconds."""
+    """Records/s and tokens, one log line every few seconds (a log file gets lines, not a bar)."""
 
     def __init__(self, label: str, enabled: bool, every_s: float = 5.0) -> None:
         self.label, self.enabled, self.every_s = label, enabled, every_s
@@ -133,8 +137,8 @@ class _Progress:
 
     def report(self) -> None:
         dt = max(time.monotonic() - self.start, 1e-9)
-        print(f"prepare [{self.label}]: {self.records:,} records ({self.records / dt:,.0f}/s), "
-              f"{self.tokens:,} tokens ({self.tokens / dt:,.0f}/s)", file=sys.stderr, flush=True)
+        log.info("prepare [%s]: %s records (%s/s), %s tokens (%s/s)", self.label, f"{self.records:,}",
+                 f"{self.records / dt:,.0f}", f"{self.tokens:,}", f"{self.tokens / dt:,.0f}")
 
 
 def _encode_all(chunks: Iterable[Any], spec: EncodeSpec, tokenizer: Any, workers: int,
@@ -288,8 +292,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     existing = _existing(final, key)
     if existing is not None:
         if progress:
-            print(f"prepare: reusing the token cache {final} (same data, tokenizer, template and settings)",
-                  file=sys.stderr, flush=True)
+            log.info("prepare: reusing the token cache %s (same data, tokenizer, template and settings)", final)
         prepared = Prepared(final, key, True, existing)
         write_pointer(cfg, prepared)
         return prepared
@@ -343,10 +346,10 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     meta = json.loads((final / META_FILE).read_text())
     if progress:
         tr = meta["splits"][SPLITS[0]]
-        print(f"prepare: wrote {final}: {tr['documents']:,} documents, {tr['samples']:,} samples, "
-              f"{tr['tokens']:,} tokens ({tr['trained_tokens']:,} trained) in {meta['seconds']:.1f}s; "
-              f"{meta['bad_records']} bad records skipped, {meta['truncated']} truncated, "
-              f"{meta['dropped_overlong']} dropped as overlong", file=sys.stderr, flush=True)
+        log.info(f"prepare: wrote {final}: {tr['documents']:,} documents, {tr['samples']:,} samples, "
+                 f"{tr['tokens']:,} tokens ({tr['trained_tokens']:,} trained) in {meta['seconds']:.1f}s; "
+                 f"{meta['bad_records']} bad records skipped, {meta['truncated']} truncated, "
+                 f"{meta['dropped_overlong']} dropped as overlong")
     prepared = Prepared(final, key, False, meta)
     write_pointer(cfg, prepared)
     return prepared
@@ -375,16 +378,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.load import load_run_config
 
+    setup_logging(recorded_log_level(args.run_dir))
     try:
         cfg = load_run_config(args.run_dir)
         prepare(cfg, num_workers=args.workers)
     except (DataError, TemplateError, CacheError, ConfigError, FileNotFoundError, OmegaConfBaseException) as err:
-        print(f"prepare: {err}", file=sys.stderr)
+        report_user_error(log, f"prepare: {err}", err)
         return EXIT_USAGE
     except Exception:  # noqa: BLE001 - the traceback is the report
-        import traceback
-
-        traceback.print_exc()
+        log.exception("prepare failed")
         return EXIT_FAILURE
     return EXIT_OK
 

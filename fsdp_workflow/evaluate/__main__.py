@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import sys
@@ -26,11 +27,13 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import run_layout
 from fsdp_workflow.consolidate import ConsolidationError, consolidate
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.logs import recorded_log_level, setup_logging
 from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, RunDir
 from fsdp_workflow.evaluate.perplexity import perplexity
 from fsdp_workflow.train.data import DataError
 
 Record = Dict[str, Union[str, int, float, None]]
+log = logging.getLogger(__name__)
 
 
 def append_result(layout: RunDir, record: Record) -> None:
@@ -97,14 +100,29 @@ def evaluate_step(run_dir: Path, step: int) -> Record:
     return record
 
 
+def track_result(run_dir: Path, record: Record) -> None:
+    """Log the result to the run's experiment trackers (``train.report_to``); never fails the job."""
+    from fsdp_workflow.train.trackers import log_checkpoint_eval
+
+    try:
+        logged = log_checkpoint_eval(load_run_config(run_dir), RunDir.of(run_dir), record)
+    except Exception as err:  # noqa: BLE001 - evals.jsonl has the result; a tracker error must not lose it
+        log.warning("step %s: could not log to the experiment trackers: %s", record.get("step"), err)
+        return
+    if logged:
+        log.info("step %s: logged to %s", record.get("step"), ", ".join(logged))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not args[1].isdigit():
         print(__doc__, file=sys.stderr)
         return EXIT_USAGE
     run_dir, step = Path(args[0]).absolute(), int(args[1])
+    setup_logging(recorded_log_level(run_dir))
     record = evaluate_step(run_dir, step)
     append_result(RunDir.of(run_dir), record)  # evals.jsonl sits in the run dir itself
+    track_result(run_dir, record)
     print(json.dumps(record, sort_keys=True))
     return EXIT_FAILURE if record["status"] == "failed" else EXIT_OK
 

@@ -12,10 +12,14 @@ stopped answering; the message names it), 1 unexpected error.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from fsdp_workflow.core.exit_codes import EXIT_PEER_TIMEOUT, EXIT_USAGE
+from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
+
+log = logging.getLogger("fsdp_workflow.train")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_workflow.train.optim import OptimizerError
     from fsdp_workflow.train.parallel import StrategyError
 
+    setup_logging(recorded_log_level(args[0]))
     _log_placement()
     try:
         code = train(args[0])
     except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
         rank = os.environ.get("RANK", "0")
-        print(f"fsdp_workflow.train [rank {rank}]: error: {e}", file=sys.stderr, flush=True)
+        report_user_error(log, f"fsdp_workflow.train [rank {rank}]: error: {e}", e)
         return EXIT_USAGE
     if code == EXIT_PEER_TIMEOUT:
         # The process group's threads may still wait on the rank that stopped answering:
@@ -46,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _log_placement() -> None:
-    """One line per rank: its host and pid, and where it meets the others (multi-node debugging)."""
+    """One line per rank: its host and pid, and where it meets the others (multi-node debugging).
+
+    Written directly, not through logging: every rank's line is wanted, whatever
+    the level, and ``tests/multinode`` and ``status`` read its fixed form.
+    """
     import socket
 
     env = os.environ

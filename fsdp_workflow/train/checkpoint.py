@@ -23,9 +23,9 @@ ones that fail aside as ``step-N.corrupt``.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
@@ -36,6 +36,8 @@ from fsdp_workflow.core import rundir
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train.hooks import PostCheckpointHook
+
+log = logging.getLogger(__name__)
 
 NO_RESUME = ("none", "false", "no", "")
 
@@ -173,9 +175,8 @@ class CheckpointDir:
                 aside = self.run.quarantine_path(step)
                 os.replace(path, aside)
                 rundir.fsync_dir(self.run.checkpoints)
-                print(f"[fsdp_workflow] warning: skipping checkpoint {path}: {problem}. "
-                      f"Moved it to {aside} (kept for inspection); resuming from an older one.",
-                      file=sys.stderr, flush=True)
+                log.warning("skipping checkpoint %s: %s. Moved it to %s (kept for inspection); "
+                            "resuming from an older one.", path, problem, aside)
         if dist.is_initialized():
             dist.broadcast_object_list(chosen, src=0)
         return Path(chosen[0]) if chosen[0] else None

@@ -18,12 +18,14 @@ racing ``checkpoint.keep_last``.
 
 from __future__ import annotations
 
+import logging
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+log = logging.getLogger(__name__)
 
 # Waiting longer than this for a hook gets a line on stderr (the wait goes on).
 SLOW_HOOK_S = 10.0
@@ -59,7 +61,7 @@ class PostCheckpointHook:
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, errors="replace", start_new_session=True)
         except OSError as err:
-            _report(f"{self.script.name} step {step}: not started: {err}")
+            log.warning("%s step %d: not started: %s", self.script.name, step, err)
             return
         reporter = threading.Thread(target=_collect, args=(self.script.name, step, proc),
                                     name=f"post-checkpoint-{step}", daemon=True)
@@ -73,7 +75,7 @@ class PostCheckpointHook:
             return
         running.reporter.join(SLOW_HOOK_S)
         if running.reporter.is_alive():
-            _report(f"waiting for {self.script.name} step {running.step} (pid {running.proc.pid}) to finish")
+            log.info("waiting for %s step %d (pid %d) to finish", self.script.name, running.step, running.proc.pid)
             running.reporter.join()
 
 
@@ -82,17 +84,15 @@ def _collect(name: str, step: int, proc: subprocess.Popen) -> None:
     out, err = proc.communicate()
     last_out = _last_line(out)
     if proc.returncode == 0:
-        _report(f"{name} step {step}: exit code 0" + (f": {last_out}" if last_out else ""))
+        log.info("%s step %d: exit code 0%s", name, step, f": {last_out}" if last_out else "")
         return
     detail = "; ".join(part for part in (last_out and f"stdout: {last_out}",
                                          _last_line(err) and f"stderr: {_last_line(err)}") if part)
-    _report(f"{name} step {step}: exit code {proc.returncode} (training goes on)" + (f"; {detail}" if detail else ""))
+    log.warning("%s step %d: exit code %d (training goes on)%s", name, step, proc.returncode,
+                f"; {detail}" if detail else "")
 
 
 def _last_line(text: Optional[str]) -> str:
     lines = (text or "").strip().splitlines()
     return lines[-1].strip()[:500] if lines else ""
 
-
-def _report(message: str) -> None:
-    print(f"[fsdp_workflow] {message}", file=sys.stderr, flush=True)

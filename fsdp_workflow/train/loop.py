@@ -28,8 +28,8 @@ last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,11 +43,12 @@ from torch.distributed.checkpoint.stateful import Stateful
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, ModelInit, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
+from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
-from fsdp_workflow.train import fault_hooks
+from fsdp_workflow.train import fault_hooks, trackers
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import collective_timeout, peer_timeout_reported
@@ -64,6 +65,7 @@ from fsdp_workflow.data.tokenizer import load_tokenizer
 # Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
 # loss runs chunked over positions (install_chunked_loss_forward); others use HF's.
 CHUNKED_LOSS_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- setup
@@ -106,8 +108,10 @@ class Ranks:
     mesh: TrainMesh
 
     @classmethod
-    def start(cls, cfg: WorkflowConfig) -> "Ranks":
+    def start(cls, cfg: WorkflowConfig, run: RunDir) -> "Ranks":
         """Join the process group (see :func:`init_distributed`), build ``Accelerator()``, read the mesh.
+
+        The Accelerator carries the experiment trackers of ``train.report_to`` (:mod:`.trackers`).
 
         Raises:
             StrategyError: launch.env's mesh does not fit the ranks launched.
@@ -115,8 +119,8 @@ class Ranks:
         init_distributed(cfg)
         from accelerate import Accelerator
 
-        accelerator = Accelerator()
         rank = dist.get_rank() if dist.is_initialized() else 0
+        accelerator = Accelerator(**trackers.accelerator_kwargs(cfg, run, is_main=rank == 0))
         world = dist.get_world_size() if dist.is_initialized() else 1
         mesh = TrainMesh(MeshDims.from_env(world), rank, accelerator.device.type)
         return cls(accelerator, accelerator.device, rank, world, mesh)
@@ -237,9 +241,10 @@ def main(run_dir_arg: str) -> int:
     started = time.time()
     run = RunDir.of(Path(run_dir_arg).resolve())
     cfg = load_run_config(run.root)
+    setup_logging(cfg.log_level.value)
     strategy = parallel.requested_strategy()
     parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
-    ranks = Ranks.start(cfg)
+    ranks = Ranks.start(cfg, run)
     beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
     try:
         outcome = run_session(run, cfg, strategy, ranks, beat)
@@ -283,7 +288,9 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     if resume_from is not None:
         checkpointer.load(resume_from, parts)
 
-    log = MetricsLogger(run.metrics, ranks.rank == 0, cfg.train.max_steps, rng.step, cfg.train.log_every_steps)
+    trackers.start(ranks.accelerator, cfg, run)
+    log = MetricsLogger(run.metrics, ranks.rank == 0, cfg.train.max_steps, rng.step, cfg.train.log_every_steps,
+                        on_record=trackers.metrics_hook(ranks.accelerator))
     if resume_from is not None:
         log.write(f"resumed from {resume_from} at step {rng.step}")
     prepared = trainee.prepared
@@ -299,6 +306,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
             record_exit(run, outcome)
     finally:
         log.close()
+        trackers.finish(ranks.accelerator)
         flag.uninstall()
         checkpointer.close()  # the last post-checkpoint hook may still need its checkpoint
     return outcome
@@ -332,7 +340,7 @@ def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: 
     if (ranks.rank == 0 or outcome.exit_code == EXIT_PEER_TIMEOUT) and first_report:
         record_exit(run, outcome)
     else:
-        print(f"[fsdp_workflow] rank {ranks.rank}: {outcome.reason}", file=sys.stderr, flush=True)
+        logger.error("rank %d: %s", ranks.rank, outcome.reason)
     return outcome
 
 
@@ -485,5 +493,5 @@ def record_exit(run: RunDir, outcome: Outcome) -> None:
     if outcome.exit_code == EXIT_REQUEUE:
         # The job script requeues only when this marker exists.
         atomic_write_text(run.requeue_marker, f"step {outcome.step}\n")
-    print(f"training {outcome.reason} at step {outcome.step}; exit code {outcome.exit_code}",
-          file=sys.stderr, flush=True)
+    (logger.info if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE) else logger.error)(
+        "training %s at step %d; exit code %d", outcome.reason, outcome.step, outcome.exit_code)

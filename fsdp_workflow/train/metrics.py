@@ -1,19 +1,27 @@
-"""Rank-0 progress bar and ``RUN_DIR/metrics.jsonl``.
+"""Rank-0 ``RUN_DIR/metrics.jsonl``, progress, and the hook that feeds the experiment trackers.
 
 Each optimizer step appends one JSON line with at least ``step``, ``loss``,
 ``lr``, ``tokens_per_s`` and ``mfu`` (model FLOPs utilisation, a fraction of
 ``peak_tflops``, which is also written so the denominator is never a guess).
 A resumed run appends to the same file; a step that was redone after a crash
-appears twice, and readers take its last line.
+appears twice, and readers take its last line. Each line also goes to the
+``on_record`` callback (the trackers of ``train.report_to``: :mod:`.trackers`).
+
+Progress: on a terminal, a bar with a ``step N/M`` line logged every
+``train.log_every_steps``; in a log file (a Slurm job), only those lines.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
+
+from fsdp_workflow.core.logs import close_bar, progress_bar
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 peak per device, TFLOP/s (no sparsity), by a substring of the device name.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "A10": 125.0}
@@ -48,49 +56,58 @@ class MetricsLogger:
     Args:
         path: ``RunDir.metrics`` (appended to: a resumed run continues the file).
         enabled: True on rank 0.
-        total_steps: ``train.max_steps`` (for the progress bar).
+        total_steps: ``train.max_steps`` (for the progress line and bar).
         initial_step: the step training resumes from.
-        log_every_steps: how often to print a line under the bar.
+        log_every_steps: how often to log a progress line.
+        on_record: called with every line written (the experiment trackers), on rank 0.
     """
 
-    def __init__(self, path: Path, enabled: bool, total_steps: int, initial_step: int, log_every_steps: int):
+    def __init__(self, path: Path, enabled: bool, total_steps: int, initial_step: int, log_every_steps: int,
+                 on_record: Optional[Callable[[Mapping[str, Any]], None]] = None):
         self.enabled = enabled
         self.log_every = max(1, log_every_steps)
+        self.total_steps = total_steps
         self.path = Path(path)
+        self.on_record = on_record
         self._bar: Any = None
         self._fh: Any = None
         if enabled:
-            from tqdm import tqdm
-
             self._fh = open(self.path, "a", encoding="utf-8")
-            self._bar = tqdm(total=total_steps, initial=initial_step, file=sys.stderr, desc="train",
-                             dynamic_ncols=True, mininterval=1.0)
+            self._bar = progress_bar(total_steps, initial_step, desc="train")  # None when not a terminal
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (must carry ``step``) and advance the bar."""
+        """Append ``record`` (must carry ``step``), pass it to ``on_record``, advance the progress."""
         if not self.enabled:
             return
         record = {"time": round(time.time(), 3), **record}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
+        if self.on_record is not None:
+            self.on_record(record)
         if "loss" in record and "tokens_per_s" in record:
-            self._bar.update(1)
-            self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                  tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-            if record["step"] % self.log_every == 0:
-                self.write(
-                    f"step {record['step']}: loss {record['loss']:.4f} lr {record['lr']:.3e} "
-                    f"tokens/s {record['tokens_per_s']:.0f} mfu {100 * record['mfu']:.1f}%"
-                )
+            if self._bar is not None:
+                self._bar.update(1)
+                self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                      tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+            if record["step"] % self.log_every == 0 or record["step"] == self.total_steps:
+                log.info(progress_line(record, self.total_steps))
 
     def write(self, message: str) -> None:
-        """Print a line on rank 0 without breaking the bar."""
+        """Log a line on rank 0 (above the bar, on a terminal)."""
         if self.enabled:
-            from tqdm import tqdm
-
-            tqdm.write(message, file=sys.stderr)
+            log.info(message)
 
     def close(self) -> None:
         if self.enabled:
-            self._bar.close()
+            close_bar(self._bar)
             self._fh.close()
+
+
+def progress_line(record: Mapping[str, Any], total_steps: int) -> str:
+    """``step 10/100 (10%): loss 2.3456 lr 1.000e-04 tokens/s 1234 mfu 12.3%`` (plus eval loss when measured)."""
+    step = int(record["step"])
+    line = (f"step {step}/{total_steps} ({100 * step / max(total_steps, 1):.0f}%): loss {record['loss']:.4f} "
+            f"lr {record['lr']:.3e} tokens/s {record['tokens_per_s']:.0f} mfu {100 * record['mfu']:.1f}%")
+    if "eval_loss" in record:
+        line += f" eval_loss {record['eval_loss']:.4f}"
+    return line

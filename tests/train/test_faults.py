@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -126,8 +127,8 @@ def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_n
     proc = launch(run)
     log = log_text(run)
     assert proc.returncode == 0, log
-    assert f"warning: skipping checkpoint {ckpts / 'step-20'}: shard {shard} is truncated" in log
-    assert f"warning: skipping checkpoint {ckpts / 'step-15'}: {meta} cannot be parsed" in log
+    assert f"WARNING [rank 0/{socket.gethostname()}] fsdp_workflow.train.checkpoint: skipping checkpoint {ckpts / 'step-20'}: shard {shard} is truncated" in log
+    assert f"skipping checkpoint {ckpts / 'step-15'}: {meta} cannot be parsed" in log
     assert f"resumed from {ckpts / 'step-10'} at step 10" in log
     # Set aside by renaming, never deleted: the files are there as they were.
     assert {name: sorted((p.name, p.stat().st_size) for p in (ckpts / f"{name}.corrupt").iterdir())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -23,7 +24,8 @@ if [ "$1" = 4 ]; then echo "step 4 fails on purpose" >&2; exit 3; fi
 """
 
 
-def test_hook_runs_in_the_run_dir_and_reports_its_outcome(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_hook_runs_in_the_run_dir_and_reports_its_outcome(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fsdp_workflow")
     run = RunDir.of(tmp_path)
     hook = PostCheckpointHook(run.post_checkpoint_hook, cwd=run.root)
     hook.start(1)  # no script: nothing runs
@@ -35,9 +37,9 @@ def test_hook_runs_in_the_run_dir_and_reports_its_outcome(tmp_path: Path, capfd:
     run.post_checkpoint_hook.write_text('echo partial; echo "bad $1" >&2; exit 5\n')
     hook.start(4)
     hook.wait()
-    err = capfd.readouterr().err
-    assert "[fsdp_workflow] post_checkpoint.sh step 3: exit code 0: done 3\n" in err
-    assert "post_checkpoint.sh step 4: exit code 5 (training goes on); stdout: partial; stderr: bad 4" in err
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert ("INFO", "post_checkpoint.sh step 3: exit code 0: done 3") in logged
+    assert ("WARNING", "post_checkpoint.sh step 4: exit code 5 (training goes on); stdout: partial; stderr: bad 4") in logged
 
 
 @pytest.mark.slow
