@@ -14,7 +14,8 @@ config costs), ``accelerate.utils.merge_fsdp_weights``, torch's ``dcp_to_torch_s
 ``cp -r`` of the shards. The page cache is warmed first so every tool reads from memory,
 and ``sync`` runs before each timed command. Prints a markdown table of wall time, peak
 RSS and ratios (of medians, and the median of each round's ratio to ``cp -r``) with the
-load average before and after; ``--keep`` keeps the data, ``--no-others`` skips
+load average before and after. The package is byte-compiled first (``compileall``), as an
+installed package is. ``--keep`` keeps the data, ``--no-others`` skips
 Accelerate and torch (they take most of the time).
 
 ``--hashes`` times the checksums a verification could keep per tensor (sha256 and the
@@ -69,6 +70,10 @@ def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list
     size = sum(f.stat().st_size for f in ckpt.iterdir())
     warm_cache(ckpt)
     py = sys.executable
+    # Bytecode, as an installed package has it (pip compiles on install). Where PYTHONDONTWRITEBYTECODE
+    # is set (this machine sets it) every run would otherwise compile the package's sources again.
+    subprocess.run([py, "-m", "compileall", "-q", str(ROOT.parent / "fsdp_workflow")], check=True,
+                   stdout=subprocess.DEVNULL)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FSDP_WORKFLOW_NO_CACHE": "1"}
     acc_code = (f"from accelerate.utils import merge_fsdp_weights; "
                 f"merge_fsdp_weights({str(ckpt)!r}, {str(WORK / 'out-acc')!r}, safe_serialization=True)")
