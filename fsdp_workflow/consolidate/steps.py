@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -42,7 +41,7 @@ from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 
 if TYPE_CHECKING:
-    from .check import Outcome, Verifier
+    from .check import Outcome
 
 INDEX_FILE = "model.safetensors.index.json"
 VERIFICATION_FILE = "verification.json"
@@ -183,10 +182,13 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = _Bar(plan.total_bytes) if settings.progress else None
-        # The verifier (numpy's import, the checkpoint read again) is built beside the copy, not before it.
-        verifier = _LateVerifier(source, staging, settings) if settings.verify else None
-        if not verifier:
-            side.submit(_warm_imports, ())
+        verifier = None
+        if settings.verify:
+            from .check import Verifier  # numpy: only when verifying
+
+            verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
+                                workers=settings.workers, index_name=INDEX_FILE, full=settings.full_verify)
+        side.submit(_warm_imports, ("safetensors", "xxhash") if verifier else ())
         try:
             StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
         except BaseException:
@@ -215,66 +217,12 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
 
 
 def _warm_imports(names: tuple[str, ...]) -> None:
-    """Import modules the end of the run needs (``yaml`` for the model card) while the kernel copies."""
+    """Import modules the end of the run needs (``yaml`` for the model card, ``names``) while the kernel copies."""
     for name in (*names, "yaml"):
         try:
             importlib.import_module(name)
         except ImportError:
             pass  # the step that needs it reports it
-
-
-class _LateVerifier:
-    """The :class:`~.check.Verifier`, built in a background thread so that the copy starts at once.
-
-    ``written`` messages that arrive before it is built are queued and passed on when it is.
-    """
-
-    def __init__(self, source: Source, staging: Path, settings: WriteSettings) -> None:
-        self._lock = threading.Lock()
-        self._queue: list[tuple[str, str, list[tuple[int, int]]]] = []
-        self._verifier: Verifier | None = None
-        self._thread = threading.Thread(target=self._build, args=(source, staging, settings), daemon=True,
-                                        name="verify-setup")
-        self._error: BaseException | None = None
-        self._thread.start()
-
-    def _build(self, source: Source, staging: Path, settings: WriteSettings) -> None:
-        try:
-            from .check import Verifier  # numpy: only when verifying
-
-            verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
-                                workers=settings.workers, index_name=INDEX_FILE, full=settings.full_verify)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
-            self._error = exc
-            return
-        with self._lock:
-            self._verifier, queued, self._queue = verifier, self._queue, []
-        for args in queued:
-            verifier.written(*args)
-        _warm_imports(("safetensors", "xxhash"))  # check_files and the checksums
-
-    def written(self, name: str, file: str, ranges: list[tuple[int, int]]) -> None:
-        with self._lock:
-            verifier = self._verifier
-            if verifier is None:
-                self._queue.append((name, file, ranges))
-                return
-        verifier.written(name, file, ranges)
-
-    def _ready(self) -> Verifier:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._verifier is not None
-        return self._verifier
-
-    def finish(self) -> Outcome:
-        return self._ready().finish()
-
-    def close(self) -> None:
-        self._thread.join()
-        if self._verifier is not None:
-            self._verifier.close()
 
 
 class _Bar:
