@@ -4,6 +4,7 @@ Run::
 
     python benchmarks/consolidate_bench.py --sizes 1.5 3 --ranks 2
     python benchmarks/consolidate_bench.py --hashes     # checksum throughput on this machine
+    python benchmarks/consolidate_bench.py --sizes 1.5 --no-others --baseline /tmp/base   # paired with another checkout
 
 For each size it writes a synthetic Llama-shaped bf16 checkpoint (``--ranks`` FSDP shards)
 under ``benchmarks/_work/`` and runs, each in its own subprocess under ``/usr/bin/time``,
@@ -14,8 +15,13 @@ config costs), ``accelerate.utils.merge_fsdp_weights``, torch's ``dcp_to_torch_s
 ``cp -r`` of the shards. The page cache is warmed first so every tool reads from memory,
 and ``sync`` runs before each timed command. Prints a markdown table of wall time, peak
 RSS and ratios (of medians, and the median of each round's ratio to ``cp -r``) with the
-load average before and after; ``--keep`` keeps the data, ``--no-others`` skips
+load average before and after. The package is byte-compiled first (``compileall``), as an
+installed package is. ``--keep`` keeps the data, ``--no-others`` skips
 Accelerate and torch (they take most of the time).
+
+A CPU column (user + system seconds, median) shows what each run cost where the CPUs are
+shared. ``--baseline DIR`` runs our three commands from another checkout too, in the same
+rounds (``git worktree add /tmp/base REV``), for a paired before/after comparison.
 
 ``--hashes`` times the checksums a verification could keep per tensor (sha256 and the
 other hashlib digests, zlib's crc32/adler32, and ``xxhash``, ``blake3``, ``crc32c`` when
@@ -38,16 +44,16 @@ ROOT = Path(__file__).resolve().parent
 WORK = ROOT / "_work"
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
-    """Run ``cmd`` under /usr/bin/time; return (wall seconds, peak RSS in GB)."""
+def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, float, float]:
+    """Run ``cmd`` under /usr/bin/time; return (wall seconds, peak RSS in GB, CPU seconds: user + system)."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
         subprocess.run(["sync"], check=True)
-        proc = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", tf.name, *cmd], env=env,
+        proc = subprocess.run(["/usr/bin/time", "-f", "%e %M %U %S", "-o", tf.name, *cmd], env=env, cwd=cwd,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[:4]} failed:\n{proc.stderr[-3000:]}")
-        wall, rss_kb = tf.read().split()[-2:]
-    return float(wall), int(rss_kb) / 1e6
+        wall, rss_kb, user, system = tf.read().split()[-4:]
+    return float(wall), int(rss_kb) / 1e6, float(user) + float(system)
 
 
 def warm_cache(path: Path) -> None:
@@ -58,7 +64,7 @@ def warm_cache(path: Path) -> None:
                     pass
 
 
-def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list:
+def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool, baseline: Path | None = None) -> list:
     from fsdp_workflow.consolidate.synthetic import write_llama_run
 
     run = WORK / f"run-{gb}gb"
@@ -69,6 +75,10 @@ def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list
     size = sum(f.stat().st_size for f in ckpt.iterdir())
     warm_cache(ckpt)
     py = sys.executable
+    # Bytecode, as an installed package has it (pip compiles on install). Where PYTHONDONTWRITEBYTECODE
+    # is set (this machine sets it) every run would otherwise compile the package's sources again.
+    subprocess.run([py, "-m", "compileall", "-q", str(ROOT.parent / "fsdp_workflow")], check=True,
+                   stdout=subprocess.DEVNULL)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FSDP_WORKFLOW_NO_CACHE": "1"}
     acc_code = (f"from accelerate.utils import merge_fsdp_weights; "
                 f"merge_fsdp_weights({str(ckpt)!r}, {str(WORK / 'out-acc')!r}, safe_serialization=True)")
@@ -89,12 +99,24 @@ def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list
     ]
     if not others:
         tools = [t for t in tools if not t[0].startswith(("accelerate", "torch"))]
+    cwds: dict = {}
+    if baseline is not None:  # the same three commands run from another checkout (``-m`` imports from the cwd)
+        subprocess.run([py, "-m", "compileall", "-q", str(baseline / "fsdp_workflow")], check=True,
+                       stdout=subprocess.DEVNULL)
+        ours_base = []
+        for name, cmd, out in tools[:3]:
+            base_out = out.with_name(out.name + "-base")
+            base_name = f"baseline {baseline.name}: {name.split(' ', 1)[1]}"
+            ours_base.append((base_name, [str(base_out) if c == str(out) else c for c in cmd], base_out))
+            cwds[base_name] = baseline
+        tools = tools[:3] + ours_base + tools[3:]
     samples: dict = {name: [] for name, _, _ in tools}
     load_before = os.getloadavg()
     # Interleaved rounds, median wall: this machine's disk write-back makes single runs noisy.
     for _ in range(repeats):
         for name, cmd, out in tools:
-            samples[name].append(timed(cmd, env))
+            run_env = {**env, "PYTHONPATH": str(cwds[name])} if name in cwds else env
+            samples[name].append(timed(cmd, run_env, cwds.get(name)))
             if "verif" in name and "no-verify" not in name:
                 v = json.loads((out / "verification.json").read_text())
                 print(f"{name}: ok={v['ok']}, compared {v['values']['compared']} tensors, "
@@ -102,21 +124,21 @@ def bench(gb: float, ranks: int, keep: bool, repeats: int, others: bool) -> list
                       f"{v['architecture']['notes']}", file=sys.stderr)
             shutil.rmtree(out) if out.is_dir() else out.unlink()
     load_after = os.getloadavg()
-    cp_runs = [w for w, _ in samples["cp -r (floor)"]]
-    rows = [(name, statistics.median(w for w, _ in runs), max(r for _, r in runs), [w for w, _ in runs])
-            for name, runs in samples.items()]
+    cp_runs = [w for w, _, _ in samples["cp -r (floor)"]]
+    rows = [(name, statistics.median(w for w, _, _ in runs), max(r for _, r, _ in runs), [w for w, _, _ in runs],
+             statistics.median(c for _, _, c in runs)) for name, runs in samples.items()]
     print(f"\n### {size / 1e9:.2f} GB bf16, {ranks} ranks, {os.cpu_count()} CPUs, median of {repeats}\n")
     print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
           f"after: {', '.join(f'{x:.2f}' for x in load_after)}\n")
     acc = next((r[1] for r in rows if r[0].startswith("accelerate")), None)
     cp = rows[-1][1]
-    print("| tool | wall s (median) | runs | peak RSS MB | wall / cp -r (medians) | median of per-round / cp -r | wall / Accelerate |")
-    print("|---|---|---|---|---|---|---|")
-    for name, wall, rss, walls in rows:
+    print("| tool | wall s (median) | runs | peak RSS MB | wall / cp -r (medians) | median of per-round / cp -r | wall / Accelerate | CPU s (median) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, wall, rss, walls, cpu in rows:
         runs_s = ", ".join(f"{w:.2f}" for w in walls)
         per_round = statistics.median(w / c for w, c in zip(walls, cp_runs))
         vs_acc = f"{wall / acc:.2f}" if acc else "-"
-        print(f"| {name} | {wall:.2f} | {runs_s} | {rss * 1000:.0f} | {wall / cp:.2f} | {per_round:.2f} | {vs_acc} |")
+        print(f"| {name} | {wall:.2f} | {runs_s} | {rss * 1000:.0f} | {wall / cp:.2f} | {per_round:.2f} | {vs_acc} | {cpu:.2f} |")
     sys.stdout.flush()
     if not keep:
         shutil.rmtree(run)
@@ -190,13 +212,15 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the synthetic checkpoints in benchmarks/_work/")
     p.add_argument("--no-others", action="store_true", help="skip Accelerate and torch (ours against cp -r only)")
     p.add_argument("--hashes", action="store_true", help="only time the checksum candidates")
+    p.add_argument("--baseline", type=Path, help="another checkout (e.g. `git worktree add /tmp/base REV`): its three "
+                                                 "consolidator commands run in the same rounds, for a paired comparison")
     a = p.parse_args()
     if a.hashes:
         hashes()
         return
     WORK.mkdir(parents=True, exist_ok=True)
     for gb in a.sizes:
-        bench(gb, a.ranks, a.keep, a.repeats, not a.no_others)
+        bench(gb, a.ranks, a.keep, a.repeats, not a.no_others, a.baseline.resolve() if a.baseline else None)
     if not a.keep:
         shutil.rmtree(WORK, ignore_errors=True)
 

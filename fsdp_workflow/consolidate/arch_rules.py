@@ -13,7 +13,6 @@ with transformers' own meta-device instantiation so they cannot drift silently.
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +165,8 @@ def expected_from_rules(config: dict[str, Any], archs: list[str], wrapper_archs:
     fam = FAMILIES[model_type]
     if not wrapper_archs and archs != [fam.architecture]:
         return None, f"architectures {archs} is not exactly ['{fam.architecture}'] for model_type '{model_type}'"
+    import importlib.metadata  # here, not at the top: --no-verify never needs it (email, socket, ... imports)
+
     try:
         major = int(importlib.metadata.version("transformers").split(".")[0])
     except (importlib.metadata.PackageNotFoundError, ValueError):

@@ -15,6 +15,7 @@ renamed only once verification passed, so ``out`` never holds a half-written mod
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -181,11 +182,13 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = _Bar(plan.total_bytes) if settings.progress else None
-        from .check import Verifier  # numpy: only when verifying
+        verifier = None
+        if settings.verify:
+            from .check import Verifier  # numpy: only when verifying
 
-        verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
-                            workers=settings.workers, index_name=INDEX_FILE,
-                            full=settings.full_verify) if settings.verify else None
+            verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
+                                workers=settings.workers, index_name=INDEX_FILE, full=settings.full_verify)
+        side.submit(_warm_imports, ("safetensors", "xxhash") if verifier else ())
         try:
             StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
         except BaseException:
@@ -211,6 +214,15 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         write_config(ref.config, staging, archs, plan.dtype)
     copied += copy_licenses(base_model_dirs(ref.path if ref else None, find_run_dir(source.dirs)), staging)
     return Written(staging, tied_identical, copied, archs, arch, outcome)
+
+
+def _warm_imports(names: tuple[str, ...]) -> None:
+    """Import modules the end of the run needs (``yaml`` for the model card, ``names``) while the kernel copies."""
+    for name in (*names, "yaml"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the step that needs it reports it
 
 
 class _Bar:

@@ -9,8 +9,6 @@ imports and is therefore cached.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
 import os
 import threading
@@ -67,6 +65,9 @@ def _cache_path(reference: Path, archs: list[str]) -> Path | None:
     """Cache file for this config + transformers/torch versions, or None when disabled."""
     if os.environ.get("FSDP_WORKFLOW_NO_CACHE"):
         return None
+    import hashlib
+    import importlib.metadata  # here: the copy path (--no-verify) never needs these imports
+
     try:
         versions = f"{importlib.metadata.version('transformers')}|{importlib.metadata.version('torch')}"
     except importlib.metadata.PackageNotFoundError:

@@ -8,6 +8,8 @@ chunks interleaved inside one slab, casts).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,11 @@ def test_slabs() -> None:
     assert sum(n for _, n in covered) == 24
     assert all(sum(n for _d, _s, n, _h in slab) <= 4 for _, slab in slabs)
     assert [d for d, _ in covered] == sorted(d for d, _ in covered)
+
+
+def test_no_verify_imports_neither_numpy_nor_torch(ckpt: Path, tmp_path: Path) -> None:
+    code = ("import sys; from fsdp_workflow.consolidate.__main__ import main; "
+            f"assert main([{str(ckpt)!r}, {str(tmp_path / 'out')!r}, '--no-verify', '--no-progress']) == 0; "
+            "bad = [m for m in ('numpy', 'torch', 'safetensors', 'transformers') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
+    assert (tmp_path / "out" / "model.safetensors").is_file()
