@@ -328,6 +328,10 @@ class ClusterConfig:
     rdzv_timeout_s: int = bounded(600, ge=1)  # rendezvous / collective timeout: a dead node fails the step this fast
     nccl_env: Dict[str, str] = field(default_factory=dict)  # NCCL_* and other presets
     log_dir: Optional[str] = None  # None: RUN_DIR/logs
+    # Copy the package into RUN_DIR/code when the run is planned and put it first on every job's
+    # PYTHONPATH (natively and in containers), so a queued job runs the code that was submitted
+    # (docs/slurm.md, "Code snapshot"). false: jobs import whatever is installed when they start.
+    code_snapshot: bool = True
     # Slurm: consolidation job (CPU only)
     consolidate_partition: Optional[str] = None  # None: partition
     consolidate_time_min: int = bounded(60, ge=1)

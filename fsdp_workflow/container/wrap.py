@@ -97,6 +97,8 @@ def explicit_env(cfg: WorkflowConfig) -> Dict[str, str]:
         "XDG_CACHE_HOME": str(cache),  # home is not mounted: HF and torch caches live in the run dir
         "TRITON_CACHE_DIR": str(cache / "triton"),
     }
+    if cfg.cluster.code_snapshot:  # the submitted code wins over a copy installed in the image
+        env["PYTHONPATH"] = str(run_layout(cfg).code)
     env.update(cfg.container.env)
     return dict(sorted(env.items()))
 

@@ -8,6 +8,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
 
     RUN_DIR/
       config.yaml  launch.env  provenance.json  jobs.txt      what was planned and submitted
+      code/fsdp_workflow/                                     the package as submitted: every job imports it first
       prepare.sbatch  train.sbatch  train_node.sh  consolidate.sbatch  eval.sbatch  submit.sh
       post_checkpoint.sh                                      run by rank 0 after each checkpoint (if planned)
       logs/                                                   job logs (or cluster.log_dir); fsdp_workflow.log: the command's own
@@ -48,6 +49,7 @@ CONFIG_FILE = "config.yaml"
 LAUNCH_ENV_FILE = "launch.env"
 PROVENANCE_FILE = "provenance.json"
 JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
+CODE_DIR = "code"  # the package as submitted (cluster.code_snapshot): first on every job's PYTHONPATH
 SWEEP_FILE = "sweep.json"  # in a sweep directory: each point's overrides, run dir and job ids
 METRICS_FILE = "metrics.jsonl"
 TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torchrun reports any failure as 1)
@@ -222,6 +224,11 @@ class RunDir:
     @property
     def jobs(self) -> Path:
         return self.root / JOBS_FILE
+
+    @property
+    def code(self) -> Path:
+        """The code snapshot's import root (``cluster.code_snapshot``): ``code/fsdp_workflow`` sits in it."""
+        return self.root / CODE_DIR
 
     def submitted_jobs(self) -> List[Tuple[str, str]]:
         """``(role, job id)`` pairs of ``jobs.txt``, oldest first (none before a submission)."""

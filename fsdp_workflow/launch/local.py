@@ -78,6 +78,8 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     env = _as_if_activated(dict(os.environ))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(free_port())
+    if plan.code_dir is not None:  # the code as planned (cluster.code_snapshot), as the Slurm jobs run it
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plan.code_dir), env.get("PYTHONPATH")]))
     env.update(plan.nccl_env)
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.

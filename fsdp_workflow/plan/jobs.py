@@ -92,6 +92,7 @@ class LaunchPlan:
         chain: the jobs ``submit.sh`` submits, in order (prepare, train afterok, consolidate afterok).
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
+        code_dir: ``RUN_DIR/code`` when ``cluster.code_snapshot`` is on (:mod:`fsdp_workflow.plan.snapshot`).
     """
 
     layout: RunDir
@@ -109,6 +110,7 @@ class LaunchPlan:
     shutdown_timeout_s: int = 30
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step
+    code_dir: Optional[Path] = None  # the code snapshot, first on every job's PYTHONPATH (None: opted out)
 
     @property
     def run_dir(self) -> Path:

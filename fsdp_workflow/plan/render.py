@@ -161,10 +161,18 @@ def rendezvous_lines(plan: LaunchPlan) -> List[str]:
 
 
 def site_env_lines(plan: LaunchPlan) -> List[str]:
-    """``cluster.modules`` and ``cluster.env_script``, quoted: each value is one word."""
+    """``cluster.modules`` and ``cluster.env_script``, quoted: each value is one word; then the code snapshot.
+
+    The snapshot goes first on ``PYTHONPATH`` after the site's own setup, so an
+    ``env_script`` that sets ``PYTHONPATH`` cannot put another copy of the package
+    in front of the one that was submitted.
+    """
     lines = [f"module load {shlex.quote(m)}" for m in plan.modules]
     if plan.env_script:
         lines.append(f". {shlex.quote(plan.env_script)}")
+    if plan.code_dir is not None:
+        lines.append(f"export PYTHONPATH={shlex.quote(str(plan.code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"
+                     "  # the code as submitted (cluster.code_snapshot)")
     return lines
 
 

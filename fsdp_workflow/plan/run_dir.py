@@ -30,6 +30,7 @@ from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.core.rundir import CONFIG_FILE, STEP_PREFIX, atomic_write_json, atomic_write_text
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import render_all, render_launch_env
+from fsdp_workflow.plan.snapshot import write_snapshot
 from fsdp_workflow.plan.spec import build_plan
 
 
@@ -167,12 +168,17 @@ def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
     layout = plan.layout
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's directory
+    # The snapshot before the scripts that put it on PYTHONPATH.
+    snapshot = write_snapshot(layout.code) if plan.code_dir is not None else None
     atomic_write_text(layout.config, to_yaml(cfg))
     atomic_write_text(layout.launch_env, launch_env)
     for name, text in scripts.items():
         atomic_write_text(layout.script(name), text, 0o755)
+    revision = git_revision()
     atomic_write_json(layout.provenance, {
-        "git_revision": git_revision(),
+        "git_revision": revision,
+        "git_dirty": None if revision == "unknown" else revision.endswith("-dirty"),
+        "code_snapshot": snapshot,
         "command": sys.argv,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,

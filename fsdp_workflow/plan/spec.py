@@ -261,6 +261,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         shutdown_timeout_s=max(c.signal_delay_s, 30),
         modules=list(c.modules),
         env_script=c.env_script,
+        code_dir=layout.code if c.code_snapshot else None,
     )
 
 

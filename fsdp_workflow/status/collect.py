@@ -80,6 +80,7 @@ class RunStatus:
     last_eval: Optional[dict] = None
     data: Optional[dict] = None  # the prepared token cache: path, samples, tokens, trained tokens
     progress: Optional[Progress] = None  # step, pace, ETA, Slurm time left, requeues, last metrics
+    code: Optional[dict] = None  # provenance.json: the code snapshot's sha256 and files, git revision and dirtiness
     notes: List[str] = field(default_factory=list)
 
 
@@ -221,6 +222,19 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
     return out
 
 
+def _code_record(layout: RunDir) -> Optional[dict]:
+    """What ``provenance.json`` says about the code the jobs run (None without a readable one)."""
+    try:
+        prov = json.loads(layout.provenance.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(prov, dict):
+        return None
+    snap = prov.get("code_snapshot") if isinstance(prov.get("code_snapshot"), dict) else None
+    return {"snapshot_sha256": snap.get("sha256") if snap else None, "snapshot_path": snap.get("path") if snap else None,
+            "git_revision": prov.get("git_revision"), "git_dirty": prov.get("git_dirty")}
+
+
 def _consolidated(out: Path) -> tuple:
     """(absent | present | verified | verification failed | present (unreadable ...), verification.json)."""
     if not out.is_dir():
@@ -253,6 +267,7 @@ def collect(run_dir: Path) -> RunStatus:
             rs.skipped_checkpoints.append({"step": step, "path": str(path), "problem": problem})
     rs.latest_checkpoint_step = rs.checkpoint_steps[-1] if rs.checkpoint_steps else None
     rs.quarantined = [str(p) for p in layout.quarantined()]
+    rs.code = _code_record(layout)
     rs.train_exit = _train_exit(layout)
     rs.requeue_marker = layout.requeue_marker.exists()
     rs.data = _data_summary(layout)

@@ -29,6 +29,12 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
         lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
                      + (f": {te['reason']}" if te.get("reason") else "")
                      + (f" at step {te['step']}" if te.get("step") is not None else ""))
+    if rs.code is not None:
+        c = rs.code
+        dirty = {True: ", uncommitted changes", False: "", None: ""}.get(c.get("git_dirty"), "")
+        lines.append((f"code: snapshot {c['snapshot_sha256'][:12]} ({c['snapshot_path']})" if c.get("snapshot_sha256")
+                      else "code: no snapshot (cluster.code_snapshot=false): jobs import the installed package")
+                     + f"; git {c.get('git_revision')}{dirty}")
     step = rs.latest_checkpoint_step
     lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
                  + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))

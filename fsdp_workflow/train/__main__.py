@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from fsdp_workflow.core.exit_codes import EXIT_PEER_TIMEOUT, EXIT_USAGE
 from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(recorded_log_level(args[0]))
     _log_placement()
+    import fsdp_workflow
+
+    # Which copy of the package runs: RUN_DIR/code (cluster.code_snapshot) or the installed one.
+    log.info("code: %s", Path(fsdp_workflow.__file__).resolve().parent)
     try:
         code = train(args[0])
     except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:

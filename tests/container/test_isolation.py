@@ -100,7 +100,9 @@ def test_step_runs_with_only_its_binds(job) -> None:
     assert inside["MASTER_ADDR"] == "node1"
     assert inside["PYTHONNOUSERSITE"] == "1" and probe["user_site"] is False
     assert inside["XDG_CACHE_HOME"] == str(run_dir / ".cache")
-    for leaked in ("PYTHONPATH", "SECRET_TOKEN", "SNEAKY", "HOME"):
+    # the host's PYTHONPATH stays outside; inside, the run's code snapshot comes first (cluster.code_snapshot)
+    assert inside["PYTHONPATH"] == str(run_dir / "code")
+    for leaked in ("SECRET_TOKEN", "SNEAKY", "HOME"):
         assert leaked not in inside, leaked
 
 

@@ -1,0 +1,73 @@
+"""The code snapshot (cluster.code_snapshot): what is copied, its hash, and every job's PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from fsdp_workflow.config.load import compose
+from fsdp_workflow.container.wrap import explicit_env
+from fsdp_workflow.plan.run_dir import write_run_dir
+from fsdp_workflow.plan.snapshot import content_hash, package_files, write_snapshot
+
+
+def _package(root: Path) -> Path:
+    pkg = root / "fsdp_workflow"
+    (pkg / "train" / "__pycache__").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train" / "loop.py").write_text("STEP = 1\n")
+    (pkg / "train" / "__pycache__" / "loop.cpython-311.pyc").write_bytes(b"\0bytecode")
+    (pkg / "conf").mkdir()
+    (pkg / "conf" / "config.yaml").write_text("a: 1\n")
+    return pkg
+
+
+def test_the_snapshot_copies_sources_and_config_not_bytecode_and_hashes_them(tmp_path: Path) -> None:
+    pkg = _package(tmp_path / "src")
+    rec = write_snapshot(tmp_path / "run" / "code", source=pkg)
+    out = tmp_path / "run" / "code" / "fsdp_workflow"
+    assert sorted(p.as_posix() for p in package_files(out)) == ["__init__.py", "conf/config.yaml", "train/loop.py"]
+    assert not list(out.rglob("*.pyc")) and rec["files"] == 3 and rec["path"] == str(out)
+    assert rec["sha256"] == content_hash(pkg) == content_hash(out)
+    (pkg / "train" / "loop.py").write_text("STEP = 2\n")  # an edit changes the hash
+    assert content_hash(pkg) != rec["sha256"]
+    # Replanning replaces the snapshot whole: the edit is in, nothing is left beside it.
+    again = write_snapshot(tmp_path / "run" / "code", source=pkg)
+    assert (out / "train" / "loop.py").read_text() == "STEP = 2\n" and again["sha256"] == content_hash(pkg)
+    assert sorted(p.name for p in (tmp_path / "run" / "code").iterdir()) == ["fsdp_workflow"]
+
+
+def test_every_job_script_and_the_container_put_the_snapshot_first(weird_dir: Path) -> None:
+    run = weird_dir / "run"
+    cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", "consolidate.every_checkpoint=true"])
+    cfg.run_dir = str(run)  # set directly: Hydra's override grammar has no newline escape
+    plan = write_run_dir(cfg)
+    line = plan.layout.code
+    assert (line / "fsdp_workflow" / "train" / "loop.py").is_file()
+    for name in ("prepare.sbatch", "train.sbatch", "consolidate.sbatch", "eval.sbatch"):
+        script = (run / name).read_text()
+        # (a run dir with a newline spans two lines, inside its quotes)
+        exports = re.findall(r"^export PYTHONPATH=.*?\$\{PYTHONPATH:\+:\$PYTHONPATH\}", script, re.M | re.S)
+        assert len(exports) == 1, (name, script)
+        # bash reads the quoted path back exactly, whatever characters the run dir has, before any other
+        for before, after in (("", str(line)), ("/site", f"{line}:/site")):
+            got = subprocess.run(["bash", "-c", exports[0] + '\nprintf %s "$PYTHONPATH"'], capture_output=True,
+                                 text=True, env={"PATH": "/usr/bin:/bin", **({"PYTHONPATH": before} if before else {})})
+            assert got.stdout == after, (name, got)
+    prov = json.loads((run / "provenance.json").read_text())
+    assert prov["code_snapshot"]["path"] == str(line / "fsdp_workflow") and len(prov["code_snapshot"]["sha256"]) == 64
+    assert "git_dirty" in prov
+    assert explicit_env(cfg)["PYTHONPATH"] == str(line)
+
+
+def test_opting_out_writes_no_snapshot_and_no_pythonpath(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}",
+                   "cluster.code_snapshot=false"])
+    plan = write_run_dir(cfg)
+    assert plan.code_dir is None and not (run / "code").exists()
+    assert "PYTHONPATH" not in (run / "train.sbatch").read_text() + (run / "consolidate.sbatch").read_text()
+    assert json.loads((run / "provenance.json").read_text())["code_snapshot"] is None
+    assert "PYTHONPATH" not in explicit_env(cfg)
