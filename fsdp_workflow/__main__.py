@@ -11,6 +11,7 @@ Exit codes: 0 success, 2 invalid config (nothing was written or submitted),
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -24,12 +25,17 @@ from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 
 register_configs()
 register_resolvers()
+# Inside the Hydra task its job logging (conf/hydra/job_logging) sends these to stderr and to
+# RUN_DIR/logs/fsdp_workflow.log; before Hydra runs (unknown keys, a sweep's points) the
+# messages are printed, since no logging is configured yet.
+log = logging.getLogger("fsdp_workflow")
 
 _task_started = False
 _no_experiment = False  # set by main(): the hint when base defaults fail validation
 
 
 def _fail_config(message: str) -> None:
+    # Printed, not logged: a refused config must not write into the log of a run it would have replaced.
     print(f"fsdp_workflow: invalid config\n{message}", file=sys.stderr)
     try:  # Hydra made the run dir before we ran; leave nothing behind
         from hydra.core.hydra_config import HydraConfig
@@ -57,9 +63,12 @@ def _hydra_main(dcfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         _fail_config(f"  {key}: {err}" if key else f"  {err}")
+    from fsdp_workflow.core.logs import set_level
+
+    set_level(cfg.log_level.value)  # the package's level for the rest of the command
     report = check(cfg)
     for warning in report.warnings:
-        print("fsdp_workflow: warning: " + warning.format(), file=sys.stderr)
+        log.warning("fsdp_workflow: warning: %s", warning.format())
     try:
         report.raise_if_errors()
     except ConfigError as err:
@@ -98,10 +107,10 @@ def _plan_and_launch(cfg) -> int:
         plan = write_run_dir(cfg)
     except ValueError as err:  # an unrenderable value, named by the renderer
         _fail_config(f"  {err}")
-    print("\n".join("  " + line for line in summary_lines(cfg)), file=sys.stderr)
+    log.info("%s", "\n".join("  " + line for line in summary_lines(cfg)))
     warning = memory_warning(cfg)
     if warning:
-        print("fsdp_workflow: warning: " + warning, file=sys.stderr)
+        log.warning("fsdp_workflow: warning: %s", warning)
     if cfg.dry_run:
         written = sorted(p.name for p in plan.run_dir.iterdir() if p.is_file())
         print(f"dry run: wrote {plan.run_dir} ({', '.join(written)}); nothing submitted.")

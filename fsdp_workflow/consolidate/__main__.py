@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from fsdp_workflow.core.logs import setup_logging
+
 from .api import consolidate
 from .errors import ConsolidationError
 
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging("INFO")  # notes and progress lines on stderr; the JSON summary alone on stdout
     # Nothing here uses BLAS; with one BLAS thread numpy's import (the verifier's) costs about
     # 0.05 CPU-seconds less on 2 CPUs. A user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress, workers=args.workers,
         )
     except ConsolidationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)  # the command's answer, as plain as its JSON summary
         return 2
     v = result.verification
     arch = v.get("architecture")
@@ -93,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

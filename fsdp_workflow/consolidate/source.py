@@ -8,7 +8,7 @@ is written to the output yet, so every error here leaves the disk as it was.
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from .layout import resolve
 from .metadata import load_meta_pt
 from .reader import CheckpointSource, DcpCheckpoint
 from .report import JsonObject, PlainValue
+
+log = logging.getLogger(__name__)
 
 META_PT = "meta.pt"  # Lightning / NeMo trainer metadata beside the DCP files
 
@@ -85,7 +87,7 @@ def resolve_source(src: Path, out: Path, selection: Selection) -> Source:
     res = resolve(src, step=selection.step, average_last=selection.average_last, steps=selection.steps,
                   subtree=selection.subtree, reference=selection.reference)
     for note in res.notes:
-        print(f"note: {note}", file=sys.stderr)
+        log.warning("note: %s", note)
     if res.reference is not None and not (res.reference / "config.json").is_file():
         raise ConsolidationError(f"--reference {res.reference}: no config.json there; point at a Hugging Face model directory")
     checkpoints = open_checkpoints(res.layout, res.dcp_dirs, out)

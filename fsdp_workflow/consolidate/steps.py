@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -39,6 +41,9 @@ from .report import VerificationReport
 from .source import Source
 from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
+from fsdp_workflow.core.logs import is_terminal
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .check import Outcome
@@ -181,7 +186,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     tied = plan.tied
     with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
-        bar = _Bar(plan.total_bytes) if settings.progress else None
+        bar = (_Bar(plan.total_bytes) if is_terminal() else _LogProgress(plan.total_bytes)) if settings.progress else None
         verifier = None
         if settings.verify:
             from .check import Verifier  # numpy: only when verifying
@@ -239,6 +244,23 @@ class _Bar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+class _LogProgress:
+    """Progress as a log line at each quarter, where a bar would write carriage returns into a file (Slurm logs)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.next_quarter, self.t0 = max(total, 1), 0, 1, time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        while self.next_quarter <= 4 and self.done * 4 >= self.next_quarter * self.total:
+            log.info("consolidate: %d%% (%.2f of %.2f GB, %.1f s)", 25 * self.next_quarter, self.done / 1e9,
+                     self.total / 1e9, time.monotonic() - self.t0)
+            self.next_quarter += 1
+
+    def close(self) -> None:
+        pass
 
 
 def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify: bool,
@@ -341,7 +363,7 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
     note = write_model_card(staging, source.dirs, source.reference.path if source.reference else None, report,
                             final_dir=out)
     if note:
-        print(f"note: {note}", file=sys.stderr)
+        log.warning("note: %s", note)
     os.rename(staging, out)
 
 

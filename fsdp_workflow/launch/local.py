@@ -14,6 +14,7 @@ exits 75 and prints how to resume.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ from typing import List
 from fsdp_workflow.core.exit_codes import EXIT_REQUEUE
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT
 from fsdp_workflow.plan.jobs import LaunchPlan
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -85,33 +88,30 @@ def run_local(plan: LaunchPlan, consolidate: bool) -> int:
     # failure into "stopped on a signal"; train.sbatch removes it the same way.
     layout.requeue_marker.unlink(missing_ok=True)
     if plan.prepare_argv:
-        print("[fsdp_workflow] preparing the data (tokenise, mask, pack once)", file=sys.stderr)
+        log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
         rc = _run(_this_python(plan.prepare_argv), env)
         if rc != 0:
-            print(f"[fsdp_workflow] data preparation failed (exit code {rc}); nothing was trained.", file=sys.stderr)
+            log.error("[fsdp_workflow] data preparation failed (exit code %s); nothing was trained.", rc)
             return rc
-    print(f"[fsdp_workflow] training: {layout.logs}, metrics in {layout.metrics}", file=sys.stderr)
+    log.info("[fsdp_workflow] training: %s, metrics in %s", layout.logs, layout.metrics)
     rc = _run(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env)
     if rc != 0:
         if layout.requeue_marker.exists():
-            print(
-                f"[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
-                f"command with checkpoint.resume=auto run_dir={layout.root} to continue.",
-                file=sys.stderr,
-            )
+            log.warning("[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
+                        "command with checkpoint.resume=auto run_dir=%s to continue.", layout.root)
             return EXIT_REQUEUE
-        print(f"[fsdp_workflow] training failed (exit code {rc}); consolidation skipped.", file=sys.stderr)
+        log.error("[fsdp_workflow] training failed (exit code %s); consolidation skipped.", rc)
         return rc
     if not consolidate or not plan.consolidate_argv:
-        print(f"[fsdp_workflow] done; checkpoints in {layout.checkpoints}", file=sys.stderr)
+        log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
         return 0
     # The EMA first (train.ema_decay): the model's consolidation may remove the shards.
     for cons in filter(None, (plan.consolidate_ema_argv, plan.consolidate_argv)):
         argv = _this_python(cons)
-        print("[fsdp_workflow] consolidating: " + " ".join(argv[1:]), file=sys.stderr)
+        log.info("[fsdp_workflow] consolidating: %s", " ".join(argv[1:]))
         rc = _run(argv, env)
         if rc != 0:
-            print(f"[fsdp_workflow] consolidation failed (exit code {rc}); the checkpoints are untouched.", file=sys.stderr)
+            log.error("[fsdp_workflow] consolidation failed (exit code %s); the checkpoints are untouched.", rc)
             return rc
     out = str(layout.hf_model)
     print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")

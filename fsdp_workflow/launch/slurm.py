@@ -17,8 +17,8 @@ user reads when a job fails (docs/slurm.md).
 
 from __future__ import annotations
 
+import logging
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -26,6 +26,8 @@ from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
 from fsdp_workflow.plan.render import shell_join
+
+log = logging.getLogger(__name__)
 
 SBATCH_TIMEOUT_S = 120  # a busy controller can take a while; never hang the login shell forever
 
@@ -109,7 +111,7 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     try:
         submitted = submit_chain(plan)
     except SubmissionError as err:
-        print(f"fsdp_workflow: submission failed: {err}", file=sys.stderr)
+        log.error("fsdp_workflow: submission failed: %s", err)
         return 1
     with open(plan.layout.jobs, "a") as f:
         f.write("".join(f"{s.job.role} {s.job_id}\n" for s in submitted))

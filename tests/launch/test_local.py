@@ -60,12 +60,12 @@ def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, del
     assert got["usr2_ignored"]
 
 
-def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, monkeypatch, caplog) -> None:
     """A marker left by an earlier preempted run in the same directory is forgotten before training."""
     plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
     (plan.run_dir / REQUEUE_MARKER).write_text("step 10\n")
     failing = _bin(tmp_path, "torchrun", "#!/bin/sh\necho 'torchrun: worker failed' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{failing}:{os.environ['PATH']}")
     assert run_local(plan, consolidate=False) == 1
-    assert "training failed (exit code 1)" in capsys.readouterr().err
+    assert "training failed (exit code 1)" in caplog.text
     assert not (plan.run_dir / REQUEUE_MARKER).exists()

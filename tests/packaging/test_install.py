@@ -223,10 +223,13 @@ def test_smoke_training_runs_from_the_installed_package(installed: Installed, el
     hf_model = run_dir / "hf_model"
     assert (hf_model / "config.json").is_file(), _explain(res)
     assert list(hf_model.glob("*.safetensors")), sorted(p.name for p in hf_model.iterdir())
-    # The ranks ran the installed package, though the venv was never activated.
+    # The ranks ran the installed package, though the venv was never activated: its code
+    # snapshot (cluster.code_snapshot), copied from the installed package at planning.
     assert installed.torchrun_log.is_file(), "the venv's torchrun never ran: " + _explain(res)
     imported = installed.torchrun_log.read_text().split()
-    assert imported and all(Path(p).is_relative_to(installed.package_dir) for p in imported), imported
+    assert imported and all(Path(p).is_relative_to(run_dir / "code" / "fsdp_workflow") for p in imported), imported
+    snapshot = json.loads((run_dir / PROVENANCE_FILE).read_text())["code_snapshot"]
+    assert Path(snapshot["source"]) == Path(installed.package_dir).resolve(), snapshot
 
 
 def test_the_wheel_carries_every_config_file_and_asset(tmp_path: Path) -> None:
