@@ -14,16 +14,19 @@ with the dev extra.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fsdp_workflow.config.load import load_run_config
+from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train.trackers import CHECKPOINT_EVAL_PREFIX, NOT_LOGGED, flat_config
 
@@ -66,6 +69,16 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> TrackedRun:
                         env=launch_env(run_dir), capture_output=True, text=True, timeout=180)
     assert ev.returncode == 0 and "logged to tensorboard, mlflow" in ev.stderr, ev.stderr
     return TrackedRun(run_dir, files, int(pid.group(1)))
+
+
+def _config_leaves(cls: type = WorkflowConfig, prefix: str = "") -> set[str]:
+    """Every leaf key of the schema, from the dataclasses themselves (not from the code under test)."""
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        is_section = dataclasses.is_dataclass(hints[f.name])
+        out |= _config_leaves(hints[f.name], f"{prefix}{f.name}.") if is_section else {prefix + f.name}
+    return out
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -114,7 +127,7 @@ def test_tensorboard_hyperparameters_are_the_flattened_config(tracked: TrackedRu
     start = [plugin_data_pb2.HParamsPluginData.FromString(c).session_start_info for c in content.values()
              if plugin_data_pb2.HParamsPluginData.FromString(c).HasField("session_start_info")]
     hparams = start[0].hparams
-    assert set(hparams.keys()) == set(expected)
+    assert set(hparams.keys()) == set(expected) == _config_leaves()
     assert hparams["train.max_steps"].number_value == STEPS
     assert hparams["name"].string_value == "smoke"
     assert hparams["train.report_to"].string_value == '["tensorboard", "mlflow"]'
@@ -131,7 +144,9 @@ def test_mlflow_has_every_metrics_field_and_the_config(tracked: TrackedRun, monk
         logged = {m.step: m.value for m in client.get_metric_history(run_id, name)}
         assert logged == {r["step"]: r[name] for r in records if name in r}, name
     params = runs[0].data.params
+    assert set(params) == _config_leaves()
     assert params == {k: str(v) for k, v in flat_config(load_run_config(tracked.run_dir)).items()}
+    assert (params["train.max_steps"], params["optimizer.lr"], params["name"]) == (str(STEPS), "0.003", "smoke")
 
 
 def test_checkpoint_eval_reaches_the_same_runs(tracked: TrackedRun, monkeypatch) -> None:
