@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_RUNS = ("trained", "straight_run")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # runs before every other implementation, xdist's (which reads the groups) included
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Give every test an ``xdist_group``: its module, or the shared run it uses.
+
+    A hook wrapper, so the groups exist before xdist's own hook turns them into node
+    ids. (pytest 9.2 dropped the ``Item._nodeid`` that xdist 3.8 writes: groups are then
+    ignored and modules split across workers, hence ``pytest<9.2`` in the dev extra.)
 
     The suite runs on two workers (``-n 2 --dist loadgroup`` in pyproject.toml): a
     module stays on one worker, so its module-scoped runs (the tensor-parallel
@@ -37,6 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # runs from the start instead of one finishing the suite alone on the last of them.
     slow_groups = {groups[i.nodeid] for i in items if i.get_closest_marker("slow") is not None}
     items.sort(key=lambda i: groups[i.nodeid] not in slow_groups)
+    return (yield)
 
 # Tests never reach a model hub: everything is built from small configs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
