@@ -48,7 +48,10 @@ def test_cli_step_and_dtype(trained, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(run / "checkpoints"), str(out),
                            "--step", "2", "--dtype", "bf16"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "B/s" in proc.stderr  # tqdm bar with a byte rate
+    # stderr is a pipe here, as in a Slurm log: progress is a log line per quarter, no bar's carriage returns
+    assert [f"consolidate: {q}%" in proc.stderr for q in (25, 50, 75, 100)] == [True] * 4, proc.stderr
+    assert "B/s" not in proc.stderr and "consolidate:" not in "".join(
+        line for line in proc.stderr.split("\n") if "\r" in line), proc.stderr
     got = load_out(out)
     want = {k: v.to(torch.bfloat16) for k, v in expected(run, 2).items()}
     assert_same_tensors(got, want)
