@@ -31,7 +31,7 @@ FIXED_INPUT = (torch.arange(48).view(2, 24) * 7) % 260  # two sequences, every r
 def main(run_dir: str, step: int, out: str) -> None:
     run = RunDir.of(Path(run_dir).resolve())
     cfg = load_run_config(run.root)
-    ranks = Ranks.start(cfg)
+    ranks = Ranks.start(cfg, run)
     trainee = build_trainee(cfg, ranks, parallel.requested_strategy())
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)
     batches = RankBatches(SyntheticSource(cfg.train.seq_len, 0, 260), 1, ranks.mesh.dp_rank, ranks.mesh.dp_size)
