@@ -213,7 +213,7 @@ def close_bar(bar: Optional[Any]) -> None:
 
 # ---------------------------------------------------------------- the planner's log file
 class RunLogFileHandler(logging.Handler):
-    """``RUN_DIR/logs/fsdp_workflow.log`` for the Hydra command, opened once the run directory is planned.
+    """``RUN_DIR/logs/fsdp_workflow.log`` (or ``cluster.log_dir``) for the Hydra command, opened once the run is planned.
 
     Hydra configures logging before the config is validated. Until ``config.yaml``
     exists in the run directory, records are held in memory: an invalid config
@@ -242,6 +242,7 @@ class RunLogFileHandler(logging.Handler):
     def _open_when_planned(self) -> None:
         """Open the file (writing the held records first) once the run directory holds its config."""
         if self._file is None and self.run.config.is_file():
+            self.run = RunDir.recorded(self.run.root)  # cluster.log_dir, as the planned config says
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = logging.FileHandler(self.path, encoding="utf-8")
             self._file.setFormatter(self.formatter)
