@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import List
 
 import numpy as np
-import pytest
 import torch
 
 from fsdp_workflow.data.cache import TokenCache
