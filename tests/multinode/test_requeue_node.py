@@ -41,7 +41,7 @@ def test_requeued_job_excluded_from_its_node_resumes_on_the_other(two_node_clust
     ids = ph.jobs(run_dir)
     job = ids["train"]
     try:
-        ph.wait_for_log_text(run_dir, job, "step 1:", timeout_s=120)
+        ph.wait_for_log_text(run_dir, job, "step 1/", timeout_s=120)
         first = su.show_job(job)["NodeList"]
         assert first in two_node_cluster.nodes
         (other,) = [n for n in two_node_cluster.nodes if n != first]

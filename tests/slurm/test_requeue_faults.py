@@ -43,7 +43,7 @@ def test_requeue_storm_past_max_requeues_fails_and_cancels_consolidation(slurm_c
     job, nodes = ids["train"], slurm_cluster.nodes
     try:
         # 1st preemption, the signal route: checkpoint, .requeue, the script requeues (0 < 1).
-        ph.wait_for_log_text(run_dir, job, "step 1:", timeout_s=120)
+        ph.wait_for_log_text(run_dir, job, "step 1/", timeout_s=120)
         subprocess.run(["scancel", "--signal=USR2", str(job)], check=True)
         assert ph.release_after_requeue(job, nodes)["Restarts"] == "1"
         saved = int((run_dir / ".requeue").read_text().split()[1])
@@ -51,7 +51,7 @@ def test_requeue_storm_past_max_requeues_fails_and_cancels_consolidation(slurm_c
         # 2nd preemption, Slurm's own route, once the rerun has resumed and trains again.
         log = ph.wait_for_log_text(run_dir, job, "resumed from ", timeout_s=120)
         assert f"step-{saved} at step {saved}" in log, log[-3000:]
-        ph.wait_for_log_text(run_dir, job, f"step {saved + 1}:", timeout_s=60)
+        ph.wait_for_log_text(run_dir, job, f"step {saved + 1}/", timeout_s=60)
         su.requeue(job)
         assert ph.release_after_requeue(job, nodes)["Restarts"] == "2"
 
