@@ -190,13 +190,19 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
     return st
 
 
-def _train_exit(layout: RunDir) -> Optional[dict]:
-    """``train_exit.json`` with the meaning of its code (None when the trainer never finished a run)."""
+def _json_object(path: Path) -> Optional[dict]:
+    """The JSON object in ``path``; None when it is absent, unreadable or not an object."""
     try:
-        rec = json.loads(layout.train_exit.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(rec, dict):
+    return obj if isinstance(obj, dict) else None
+
+
+def _train_exit(layout: RunDir) -> Optional[dict]:
+    """``train_exit.json`` with the meaning of its code (None when the trainer never finished a run)."""
+    rec = _json_object(layout.train_exit)
+    if rec is None:
         return None
     code = rec.get("exit_code")
     rec["meaning"] = MEANINGS.get(code, "unknown exit code") if isinstance(code, int) else "no exit code recorded"
@@ -224,11 +230,8 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
 
 def _code_record(layout: RunDir) -> Optional[dict]:
     """What ``provenance.json`` says about the code the jobs run (None without a readable one)."""
-    try:
-        prov = json.loads(layout.provenance.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(prov, dict):
+    prov = _json_object(layout.provenance)
+    if prov is None:
         return None
     snap = prov.get("code_snapshot") if isinstance(prov.get("code_snapshot"), dict) else None
     return {"snapshot_sha256": snap.get("sha256") if snap else None, "snapshot_path": snap.get("path") if snap else None,

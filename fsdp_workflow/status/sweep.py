@@ -10,11 +10,12 @@ nothing is marked (a training loss would only reward overfitting).
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from fsdp_workflow.core.curves import read_series
 from fsdp_workflow.core.rundir import CONFIG_FILE, RunDir, read_sweep_index
 from fsdp_workflow.status.collect import RunStatus, collect
 
@@ -45,20 +46,10 @@ def _varying(points: List[dict]) -> List[List[str]]:
 
 def _metrics_tail(run: RunDir) -> tuple:
     """(last step, last loss, last in-loop eval loss) of metrics.jsonl; Nones when absent."""
-    step = loss = eval_loss = None
-    try:
-        lines = run.metrics.read_text().splitlines()
-    except OSError:
-        return step, loss, eval_loss
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "step" in rec:
-            step, loss = rec.get("step"), rec.get("loss", loss)
-            eval_loss = rec.get("eval_loss", eval_loss)
-    return step, loss, eval_loss
+    series = read_series(run.metrics)
+    losses = [x for x in series.loss if math.isfinite(x)]
+    return (series.steps[-1] if series.steps else None, losses[-1] if losses else None,
+            series.eval_loss[-1] if series.eval_loss else None)
 
 
 def _state(rs: RunStatus, dry_run: bool) -> str:
