@@ -4,13 +4,13 @@ Everything is driven by :mod:`.expect` (names, dtypes, shapes and chunks read fr
 checkpoint again) and by the output files themselves, never by the writer's plan:
 
 1. **Values** (:mod:`.compare`): every output tensor is read back at the offset its file's
-   header gives and compared with every source chunk, placed with numpy slicing. To overlap
-   with the copy (whose writes into one file the kernel serialises, leaving a core idle), a
-   tensor is compared as soon as the writer says it is finished; that message is only a
-   schedule. The writer also reports the byte ranges it wrote for the tensor, and any range
-   outside the tensor's own region (by the header) is an error, so no later write can
-   change a tensor already compared. Tensors the writer never announced are compared at
-   the end.
+   header gives and compared with every source chunk, each placed by its box in the tensor.
+   The writer reports each tensor it finished with the byte ranges it wrote, and any range
+   outside the tensor's own region (by the header) is an error. On a machine with CPUs to
+   spare a tensor is compared as soon as it is reported (the report is only a schedule, and
+   no later write can touch a tensor already compared); on a small one, where comparing
+   beside the copy slowed the copy more than it saved, every tensor is compared once the
+   copy is done. Tensors the writer never reported are compared at the end either way.
 2. **Files** (:func:`check_files`, at the end): every ``*.safetensors`` is opened with the
    ``safetensors`` library (``safe_open(framework="numpy")``: headers, keys, dtypes and
    shapes, no data loaded, no torch import); keys, dtypes, shapes and ``__metadata__`` must
@@ -27,9 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from .compare import SLAB_BYTES, TensorCheck, compare_tensor
+from .compare import SLAB_BYTES, SlabBuffers, TensorCheck, compare_tensor
 from .errors import ConsolidationError
 from .expect import ExpectedModel, expected_model
 from .metadata import dtype_info
@@ -39,11 +37,12 @@ from .source import Source
 CHECKSUM = "xxh3_128"
 FAST_EVERY = 8  # fast mode: one slab in 8 (1/8 of the bytes) plus every chunk boundary
 _CHECKS = {
-    "bytes": "byte equality with every source chunk, placed with numpy slicing",
+    "bytes": "byte equality with every source chunk, placed by its box in the tensor (memcmp per contiguous run)",
     "rounding": "each value is its source value rounded to nearest-even in the output dtype",
     "average": "recomputed as sum(w_i * x_i) in float32 over every checkpoint, then checked for rounding",
 }
-_READER = ("source chunks located with zipfile and placed with numpy slicing, output read through its own "
+_READER = ("source chunks located with zipfile and placed by their boxes (numpy slicing where values are decoded), "
+           "output read through its own "
            "safetensors header; nothing shared with the writer's plan or chunk arithmetic")
 
 
@@ -79,11 +78,14 @@ class Verifier:
         workers: Comparison threads.
         index_name: The index file's name.
         full: Compare every byte (else fast mode: a fixed fraction plus every chunk boundary).
+        during_copy: Compare each tensor as soon as the writer reports it (else all of them in
+            :meth:`finish`; the reports are still checked for writes outside the tensor).
     """
 
     def __init__(self, source: Source, staging: Path, *, out_dtype: str | None, weights: list[float] | None,
-                 workers: int, index_name: str, full: bool = True) -> None:
+                 workers: int, index_name: str, full: bool = True, during_copy: bool = True) -> None:
         self.staging = staging
+        self.during_copy = during_copy
         self.every = 1 if full else FAST_EVERY
         self.index_name = index_name
         self.layout = source.layout
@@ -101,7 +103,7 @@ class Verifier:
         self._local = threading.local()
 
     def written(self, name: str, file: str, ranges: list[tuple[int, int]]) -> None:
-        """The writer finished tensor ``name`` in ``file`` with these (offset, length) writes: compare it now.
+        """The writer finished tensor ``name`` in ``file`` with these (offset, length) writes: check them, compare it (``during_copy``).
 
         Called from the writer's threads.
         """
@@ -117,7 +119,7 @@ class Verifier:
             if stray:
                 self.errors.append(f"the writer wrote bytes {stray[:3]} of {file} for '{name}', outside its region "
                                    f"[{loc.offset}, {loc.offset + loc.nbytes}) in the header")
-            if name in self.model.tensors and name not in self._futures:
+            if self.during_copy and name in self.model.tensors and name not in self._futures:
                 self._futures[name] = self._pool.submit(self._compare, name, loc)
 
     def _locate(self) -> dict[str, Located]:
@@ -132,7 +134,7 @@ class Verifier:
     def _compare(self, name: str, loc: Located) -> TensorCheck:
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
-            bufs = self._local.bufs = (np.empty(SLAB_BYTES, np.uint8), np.empty(SLAB_BYTES, np.uint8))
+            bufs = self._local.bufs = SlabBuffers()
         assert self.model is not None
         return compare_tensor(self.model.tensors[name], loc.offset, self._fds[loc.file], loc.file, bufs, self.every)
 

@@ -2,16 +2,21 @@
 
 The output tensor is read back from its file in slabs, in order (so its checksum comes in the
 same pass), at the offset the file's own header gives. On each slab every source chunk that
-meets it is placed with numpy slicing, ``out[o0:o0+s0, o1:o1+s1, ...]``, from its bytes as
+meets it is placed by its box, ``out[o0:o0+s0, o1:o1+s1, ...]``, from its bytes as
 :mod:`.expect` located them; no run arithmetic of the writer is used. Where the dtype is kept
-the bytes must be equal (``memcmp`` through ctypes, which releases the GIL, when both sides
-are contiguous); where it was cast every value must be the source value correctly rounded
-(:mod:`.rounding`); an averaged tensor is recomputed in float32 from every checkpoint, in the
-same order of operations as the writer's, then checked for rounding.
+the bytes must be equal: the box is walked as the contiguous runs it covers in the slab
+(:func:`region_runs`, tested against numpy slicing) and each run compared with ``memcmp``
+(through ctypes, which releases the GIL), so the default check imports neither numpy nor
+anything else beyond the standard library and xxhash: numpy's import alone was a quarter
+of what the fast mode added to a copy at 1.5 GB. Where the dtype was cast every value must
+be the source value correctly rounded (:mod:`.rounding`, with numpy slicing); an averaged
+tensor is recomputed in float32 from every checkpoint, in the same order of operations as the
+writer's, then checked for rounding.
 
-Memory: two reusable slab buffers per thread, filled with ``os.preadv`` (no mmap, whose
-touched pages would count in RSS), plus float arrays of a smaller slab when values are
-decoded.
+Memory: two reusable slab buffers per thread (:class:`SlabBuffers`), filled with
+``os.preadv`` (no mmap: its touched pages would count in RSS, and mapping and unmapping a
+window per slab took more CPU here than the copy into the buffer), plus float arrays of a
+smaller slab when values are decoded.
 """
 
 from __future__ import annotations
@@ -23,17 +28,24 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import numpy as np
-
 from .expect import Expected, OpenChunk, open_chunk
 from .metadata import dtype_info
-from .rounding import badly_rounded, decode, patterns
 
 SLAB_BYTES = 1 << 20  # output bytes per slab when bytes are compared (two buffers of this per thread)
 ROUND_SLAB_BYTES = 64 << 10  # smaller when values are decoded to float64 for the rounding check
 _MEMCMP = ctypes.CDLL(None).memcmp
 _MEMCMP.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _MEMCMP.restype = ctypes.c_int
+
+
+class SlabBuffers:
+    """One thread's two reusable slab buffers (output, source) and their addresses for ``memcmp``."""
+
+    def __init__(self, nbytes: int = SLAB_BYTES) -> None:
+        self.out, self.src = bytearray(nbytes), bytearray(nbytes)
+        # never resized, so the addresses stay valid for the buffers' lifetime
+        self.out_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.out))
+        self.src_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.src))
 
 
 @dataclass
@@ -50,7 +62,7 @@ class TensorCheck:
     decoded_by_torch: bool  # some chunk needed DCP's decoder (stream transform, strides)
 
 
-def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.ndarray, np.ndarray],
+def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: SlabBuffers,
                    every: int = 1) -> TensorCheck:
     """Compare one output tensor (at ``offset`` in ``fd``, the file ``name``) with its source chunks.
 
@@ -59,7 +71,7 @@ def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.
         offset: Where its data starts in the output file, as the file's header says.
         fd: The output file, open for reading.
         name: The output file's name, for messages.
-        bufs: Two byte buffers of :data:`SLAB_BYTES`, reused across calls.
+        bufs: This thread's slab buffers, reused across calls.
         every: Compare every slab (1, full mode) or, in fast mode, one slab in ``every`` (at a
             phase taken from the name), plus, from the others, each row where a chunk starts or
             ends (its boundary); a tensor of one slab is compared whole.
@@ -79,9 +91,9 @@ def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.
         if e.weights and e.sources[-1][1] not in _FLOATS:
             kind, opened = "bytes", opened[-1:]  # integer tensors come from the last step
         digest = xxhash.xxh3_128()
-        first_bad, fraction = _walk(e, offset, fd, name, kind, opened, digest, bufs, every)
+        first_bad, fraction, hashed = _walk(e, offset, fd, name, kind, opened, digest, bufs, every)
         flat = [o for per in opened for o in per]
-        whole = first_bad is None and fraction == 1.0
+        whole = first_bad is None and fraction == 1.0 and hashed
         return TensorCheck(first_bad is None, kind, digest.hexdigest() if whole else "", first_bad, fraction, len(flat),
                            sum(o.box.listed for o in flat), any(o.decoded_by_torch for o in flat))
     finally:
@@ -90,56 +102,118 @@ def compare_tensor(e: Expected, offset: int, fd: int, name: str, bufs: tuple[np.
                 o.close()
 
 def _walk(e: Expected, offset: int, fd: int, name: str, kind: str, opened: list[list[OpenChunk]],
-          digest: Any, bufs: tuple[np.ndarray, np.ndarray], every: int) -> tuple[int | None, float]:
+          digest: Any, bufs: SlabBuffers, every: int) -> tuple[int | None, float, bool]:
     """Read the output slab by slab, in order; place and compare the chunks on each (a sample of slabs in fast mode).
 
     Returns:
         The flat index of the first wrong element (the walk stops at the first wrong slab) or
-        None, and the fraction of the tensor compared.
+        None, the fraction of the tensor compared, and whether every slab went through ``digest``.
     """
     out_item = dtype_info(e.dtype)[1]
     in_dtypes = [dt for _f, dt, _c in e.sources][-len(opened):]
     shape = e.shape or (1,)
-    obuf, sbuf = bufs
     slab = SLAB_BYTES if kind == "bytes" else ROUND_SLAB_BYTES
     compared = 0
     phase = zlib.crc32(e.name.encode()) % every  # which slabs of this tensor are in the fixed fraction
-    for base, lead, lo_j, hi_j, j in _chosen(list(_slabs(shape, out_item, slab)), every, phase, opened, shape):
+    slabs = list(_slabs(shape, out_item, slab))
+    whole = every == 1 or len(slabs) <= 1  # else the checksum is not reported: do not compute it
+    for base, lead, lo_j, hi_j, j in _chosen(slabs, every, phase, opened, shape):
         box = (hi_j - lo_j,) + shape[j + 1:]
         n_out = _numel(box) * out_item
         compared += _numel(box)
-        raw = _view(fd, offset + base * out_item, n_out, name, obuf)
-        digest.update(raw)
-        out = raw.reshape(box + (out_item,))
-        acc = np.zeros(box, np.float64 if kind == "rounding" else np.float32) if kind != "bytes" else None
-        bad_here: list[int] = []
-        for i, chunks in enumerate(opened):
-            in_item = dtype_info(in_dtypes[i])[1]
-            for oc in chunks:
-                piece = _piece(oc, lead, lo_j, hi_j, j, in_item, sbuf)
-                if piece is None:
-                    continue
-                src, region = piece
-                if kind == "bytes":
-                    if not _equal(out[region], src):
-                        bad_here.append(base + _first_diff(out[region], src, region, box))
-                elif kind == "rounding":
-                    acc[region] = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i])  # type: ignore[index]
-                else:
-                    vals = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i]).astype(np.float32)
-                    acc[region] += np.float32(e.weights[i]) * vals  # type: ignore[index]
-        if acc is not None:
-            bad = badly_rounded(acc.astype(np.float64), patterns(out, e.dtype).reshape(box), e.dtype)
-            bad_here += [base + int(bad[0])] if len(bad) else []
-        if bad_here:
-            return min(bad_here), compared / max(1, _numel(shape))  # the tensor is wrong; its checksum is not needed
-    return None, compared / _numel(shape) if _numel(shape) else 1.0
+        raw = _read(fd, offset + base * out_item, n_out, name, bufs.out)
+        if whole:
+            digest.update(raw)
+        if kind == "bytes":
+            bad = _bytes_differ(box, out_item, opened[-1], lead, lo_j, hi_j, j, bufs)
+        else:
+            bad = _values_differ(e, kind, raw, box, out_item, opened, in_dtypes, lead, lo_j, hi_j, j, bufs)
+        if bad is not None:
+            return base + bad, compared / max(1, _numel(shape)), False  # the tensor is wrong; no checksum needed
+    return None, compared / _numel(shape) if _numel(shape) else 1.0, whole
 
 
-def _first_diff(a: np.ndarray, b: np.ndarray, region: tuple[slice, ...], box: tuple[int, ...]) -> int:
-    """Flat index, within the slab's box, of the first element where ``a`` (the output region) and ``b`` differ."""
-    where = np.argwhere((a != b).any(axis=-1))[0]
-    return int(np.ravel_multi_index(tuple(int(w) + (r.start or 0) for w, r in zip(where, region)), box))
+def _bytes_differ(box: tuple[int, ...], item: int, chunks: list[OpenChunk], lead: tuple[int, ...], lo_j: int,
+                  hi_j: int, j: int, bufs: SlabBuffers) -> int | None:
+    """Flat index in the slab's box of the first element where a chunk's bytes differ from the output's (None: equal)."""
+    first: int | None = None
+    for oc in chunks:
+        piece = _piece(oc, lead, lo_j, hi_j, j, item, bufs)
+        if piece is None:
+            continue
+        starts, sizes = piece
+        for o, src, n in region_runs(box, starts, sizes):
+            if _MEMCMP(bufs.out_addr + o * item, bufs.src_addr + src * item, n * item) != 0:
+                at = o + _first_byte_diff(bufs.out, o * item, bufs.src, src * item, n * item) // item
+                first = at if first is None else min(first, at)
+                break  # runs come in the box's order: the first bad run of a chunk holds its first difference
+    return first
+
+
+def _values_differ(e: Expected, kind: str, raw: memoryview, box: tuple[int, ...], out_item: int,
+                   opened: list[list[OpenChunk]], in_dtypes: list[str], lead: tuple[int, ...], lo_j: int, hi_j: int,
+                   j: int, bufs: SlabBuffers) -> int | None:
+    """Rounding and averaging: decode the values, place them with numpy slicing, check the rounding.
+
+    Returns:
+        The flat index in the slab's box of the first badly rounded element, or None.
+    """
+    import numpy as np  # only here: a cast or an average (whose writer imports numpy too)
+
+    from .rounding import badly_rounded, decode, patterns
+
+    out = np.frombuffer(raw, np.uint8).reshape(box + (out_item,))
+    acc = np.zeros(box, np.float64 if kind == "rounding" else np.float32)
+    for i, chunks in enumerate(opened):
+        in_item = dtype_info(in_dtypes[i])[1]
+        for oc in chunks:
+            piece = _piece(oc, lead, lo_j, hi_j, j, in_item, bufs)
+            if piece is None:
+                continue
+            starts, sizes = piece
+            src = np.frombuffer(bufs.src, np.uint8, _numel(sizes) * in_item).reshape(sizes + (in_item,))
+            region = tuple(slice(a, a + n) for a, n in zip(starts, sizes))
+            if kind == "rounding":
+                acc[region] = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i])
+            else:
+                vals = decode(patterns(src, in_dtypes[i])[..., 0], in_dtypes[i]).astype(np.float32)
+                acc[region] += np.float32(e.weights[i]) * vals  # type: ignore[index]
+    bad = badly_rounded(acc.astype(np.float64), patterns(out, e.dtype).reshape(box), e.dtype)
+    return int(bad[0]) if len(bad) else None
+
+
+def region_runs(box: tuple[int, ...], starts: tuple[int, ...],
+                sizes: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+    """The box ``out[s0:s0+n0, s1:s1+n1, ...]`` of a row-major array of shape ``box``, as contiguous runs.
+
+    Yields ``(first element in the array, first element in the box's own row-major data,
+    elements)`` in the array's order. Trailing dimensions the box covers whole are merged
+    into one run, so a chunk of whole rows is a single run. (Equivalent to numpy's basic
+    slicing; ``tests/consolidate/test_compare_runs.py`` checks it against numpy on random boxes.)
+    """
+    n = len(box)
+    k = n - 1
+    while k > 0 and starts[k] == 0 and sizes[k] == box[k]:
+        k -= 1
+    run = sizes[k] * _numel(box[k + 1:])
+    if run == 0:
+        return
+    out_strides = [_numel(box[d + 1:]) for d in range(n)]
+    box_strides = [_numel(sizes[d + 1:]) for d in range(n)]
+    corner = starts[k] * out_strides[k]
+    for idx in itertools.product(*(range(z) for z in sizes[:k])):
+        yield (corner + sum((starts[d] + i) * out_strides[d] for d, i in enumerate(idx)),
+               sum(i * box_strides[d] for d, i in enumerate(idx)), run)
+
+
+def _first_byte_diff(a: bytearray, a_off: int, b: bytearray, b_off: int, n: int) -> int:
+    """Offset of the first differing byte of two ranges known to differ (a failure's message only)."""
+    step = 4096
+    for at in range(0, n, step):
+        m = min(step, n - at)
+        if a[a_off + at:a_off + at + m] != b[b_off + at:b_off + at + m]:
+            return at + next(i for i in range(m) if a[a_off + at + i] != b[b_off + at + i])
+    return 0
 
 
 def _chosen(slabs: list[tuple[int, tuple[int, ...], int, int, int]], every: int, phase: int,
@@ -211,8 +285,12 @@ def _slabs(shape: tuple[int, ...], item: int, slab: int) -> Iterator[tuple[int, 
 
 
 def _piece(oc: OpenChunk, lead: tuple[int, ...], lo_j: int, hi_j: int, j: int, item: int,
-           sbuf: np.ndarray) -> tuple[np.ndarray, tuple[slice, ...]] | None:
-    """The chunk's part of the slab: its bytes (shaped) and where they go in the slab, or None."""
+           bufs: SlabBuffers) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The chunk's part of the slab, read into ``bufs.src``: where it goes in the slab's box (starts, sizes), or None.
+
+    The part is the chunk's rows ``lo..hi`` along ``j`` with all its later dimensions, which
+    are contiguous in the chunk.
+    """
     offs, sizes = oc.box.offsets or (0,), oc.box.sizes or (1,)
     if any(not (o <= i < o + s) for i, o, s in zip(lead, offs, sizes)):
         return None
@@ -224,29 +302,18 @@ def _piece(oc: OpenChunk, lead: tuple[int, ...], lo_j: int, hi_j: int, j: int, i
     start = sum(i * st for i, st in zip(local, strides))
     count = (hi - lo) * strides[j]
     if oc.mem is not None:
-        dst = np.frombuffer(oc.mem, np.uint8, count * item, start * item)
+        bufs.src[:count * item] = oc.mem[start * item:(start + count) * item]
     else:
-        dst = _view(oc.fd, oc.data_start + start * item, count * item, str(oc.box.file), sbuf)
-    region = (slice(lo - lo_j, hi - lo_j),) + tuple(slice(o, o + s) for o, s in zip(offs[j + 1:], sizes[j + 1:]))
-    return dst.reshape((hi - lo,) + tuple(sizes[j + 1:]) + (item,)), region
+        _read(oc.fd, oc.data_start + start * item, count * item, str(oc.box.file), bufs.src)
+    return (lo - lo_j,) + tuple(offs[j + 1:]), (hi - lo,) + tuple(sizes[j + 1:])
 
 
-def _view(fd: int, off: int, n: int, name: str, buf: np.ndarray) -> np.ndarray:
-    """``n`` bytes of ``fd`` at ``off``, read into ``buf`` (a reused slab buffer; no mmap, whose pages count in RSS)."""
-    dst = buf[:n]
-    mv, done = dst.data, 0
+def _read(fd: int, off: int, n: int, name: str, buf: bytearray) -> memoryview:
+    """``n`` bytes of ``fd`` at ``off``, read into ``buf`` (a reused slab buffer); a view of them."""
+    mv, done = memoryview(buf)[:n], 0
     while done < n:
         got = os.preadv(fd, [mv[done:]], off + done)
         if got == 0:
             raise OSError(f"{name}: ends before offset {off + n} while verifying")
         done += got
-    return dst
-
-
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Byte equality; ``memcmp`` (GIL released by ctypes) when both are contiguous, else numpy."""
-    if a.shape != b.shape:
-        return False
-    if a.flags.c_contiguous and b.flags.c_contiguous:
-        return _MEMCMP(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
-    return bool(np.array_equal(a, b))
+    return mv

@@ -107,6 +107,19 @@ def test_rules_unsure_for_another_transformers_major(monkeypatch):
     assert ruled is None and "transformers 99.x" in why
 
 
+def test_transformers_major_read_from_the_package_agrees_with_its_metadata(tmp_path, monkeypatch):
+    import importlib.metadata
+
+    assert arch_rules.transformers_major() == int(importlib.metadata.version("transformers").split(".")[0])
+    (tmp_path / "__init__.py").write_text('"""doc"""\n__version__ = "7.0.1.dev0"\n')
+    monkeypatch.setattr(arch_rules, "_transformers_files", lambda: tmp_path)
+    assert arch_rules.transformers_major() == 7
+    (tmp_path / "__init__.py").write_text("from .version import __version__\n")
+    assert arch_rules.transformers_major() is None
+    ruled, why = expected_from_rules({**BASE, "model_type": "llama"}, ["LlamaForCausalLM"], False)
+    assert ruled is None and why == "transformers version unknown"
+
+
 def test_unknown_architecture_falls_back_to_transformers(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDP_WORKFLOW_NO_CACHE", "1")
     cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32, "n_layer": 1, "n_head": 2,

@@ -45,7 +45,13 @@ def _chunk_of(run: Path, name: str, first: bool = True) -> reader.Chunk:
     return chunks[0 if first else 1]
 
 
-def test_wrong_chunk_placement_fails_naming_the_tensor(trained, tmp_path, monkeypatch):
+@pytest.mark.parametrize("during_copy", [True, False], ids=["compared-during-copy", "compared-after-copy"])
+def test_wrong_chunk_placement_fails_naming_the_tensor(trained, tmp_path, monkeypatch, during_copy):
+    # both schedules: during the copy on machines of OVERLAP_MIN_CPUS or more, after it on smaller ones
+    monkeypatch.setattr(steps, "OVERLAP_MIN_CPUS", 1 if during_copy else 10**6)
+    built = []
+    real_build = steps._build_verifier
+    monkeypatch.setattr(steps, "_build_verifier", lambda *a: built.append(real_build(*a)) or built[-1])
     run = trained / "llama"
     target = _chunk_of(run, DOWN)
     real = writer.chunk_runs
@@ -60,6 +66,21 @@ def test_wrong_chunk_placement_fails_naming_the_tensor(trained, tmp_path, monkey
     out = tmp_path / "out"
     with pytest.raises(ConsolidationError, match=rf"'{DOWN}' \(first difference at element 0, bytes\)"):
         consolidate(run, out, progress=False)
+    _no_output(tmp_path, out)
+    assert [v.during_copy for v in built] == [during_copy]
+
+
+def test_a_write_outside_the_tensors_region_fails(trained, tmp_path, monkeypatch):
+    real = writer.StreamingWriter._one
+
+    def stray(self, fd, t):  # the writer reports a write into the header for one tensor
+        ranges = real(self, fd, t)
+        return ranges + [(0, 8)] if t.name == DOWN else ranges
+
+    monkeypatch.setattr(writer.StreamingWriter, "_one", stray)
+    out = tmp_path / "out"
+    with pytest.raises(ConsolidationError, match=rf"bytes \[\(0, 8\)\] of model.safetensors for '{DOWN}', outside its region"):
+        consolidate(trained / "llama", out, progress=False)
     _no_output(tmp_path, out)
 
 
