@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip verification (files, values against the checkpoint, architecture)")
     p.add_argument("--full-verify", action="store_true",
                    help="compare every byte of every tensor with the checkpoint (default: every tensor at its chunk "
-                        "boundaries and on 1/8 of its bytes; always full with --remove-sharded)")
+                        "boundaries and on 1/16 of its bytes; always full with --remove-sharded)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=int, help="copy/verify threads, at least 1 (default min(8, 2 x CPUs))")
     return p

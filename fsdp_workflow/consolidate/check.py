@@ -35,7 +35,7 @@ from .report import TensorEntry, ValuesReport
 from .source import Source
 
 CHECKSUM = "xxh3_128"
-FAST_EVERY = 8  # fast mode: one slab in 8 (1/8 of the bytes) plus every chunk boundary
+FAST_EVERY = 16  # fast mode: one slab in 16 (1/16 of the bytes) plus every chunk boundary (docs/consolidation.md)
 _CHECKS = {
     "bytes": "byte equality with every source chunk, placed by its box in the tensor (memcmp per contiguous run)",
     "rounding": "each value is its source value rounded to nearest-even in the output dtype",
