@@ -13,8 +13,9 @@ checkpoint again) and by the output files themselves, never by the writer's plan
    copy is done. Tensors the writer never reported are compared at the end either way.
 2. **Files** (:func:`check_files`, at the end): every ``*.safetensors`` is opened with the
    ``safetensors`` library (``safe_open(framework="numpy")``: headers, keys, dtypes and
-   shapes, no data loaded, no torch import); keys, dtypes, shapes and ``__metadata__`` must
-   be what the checkpoint declares, the header must be the one the values were read
+   shapes, no data loaded, no torch import), in a child process that runs beside the
+   comparisons (:mod:`.stprobe`: it keeps numpy's import off the busy CPUs); keys, dtypes,
+   shapes and ``__metadata__`` must be what the checkpoint declares, the header must be the one the values were read
    through, and ``model.safetensors.index.json``'s weight map and total size must match.
 """
 
@@ -33,6 +34,7 @@ from .expect import ExpectedModel, expected_model
 from .metadata import dtype_info
 from .report import TensorEntry, ValuesReport
 from .source import Source
+from .stprobe import SafetensorsProbe
 
 CHECKSUM = "xxh3_128"
 FAST_EVERY = 16  # fast mode: one slab in 16 (1/16 of the bytes) plus every chunk boundary (docs/consolidation.md)
@@ -148,8 +150,12 @@ class Verifier:
                 for name in sorted(self.model.tensors, key=lambda n: -self.model.tensors[n].nbytes):  # type: ignore[union-attr]
                     if name in located and name not in self._futures:
                         self._futures[name] = self._pool.submit(self._compare, name, located[name])
-            results = {name: f.result() for name, f in self._futures.items()}
-            file_errors, final = check_files(self.staging, self.model, self.index_name)
+            probe = SafetensorsProbe(sorted(self.staging.glob("*.safetensors")))  # parses beside the comparisons
+            try:
+                results = {name: f.result() for name, f in self._futures.items()}
+                file_errors, final = check_files(self.staging, self.model, self.index_name, probe)
+            finally:
+                probe.close()
             if {k: (v.file, v.offset) for k, v in final.items()} != {k: (v.file, v.offset) for k, v in located.items()}:
                 file_errors.append("the safetensors headers changed after the values were compared")
             return self._outcome(results, file_errors)
@@ -216,32 +222,36 @@ def read_header(path: Path) -> dict[str, Located]:
             for k, v in header.items() if k != "__metadata__"}
 
 
-def check_files(staging: Path, model: ExpectedModel, index_name: str) -> tuple[list[str], dict[str, Located]]:
+def check_files(staging: Path, model: ExpectedModel, index_name: str,
+                probe: SafetensorsProbe | None = None) -> tuple[list[str], dict[str, Located]]:
     """Parse every output file with safetensors and compare it with what the checkpoint declares.
 
     Args:
         staging: The written model.
         model: What the checkpoint says the output holds.
         index_name: The index file's name.
+        probe: ``safe_open`` already running on the files in a child process
+            (:class:`~.stprobe.SafetensorsProbe`); started here when not given.
 
     Returns:
         The problems found (empty when none), and where each tensor is.
     """
-    from safetensors import safe_open
-
     errors: list[str] = []
     files = sorted(p.name for p in staging.glob("*.safetensors"))
+    probe = probe or SafetensorsProbe([staging / n for n in files])
+    opened, problem = probe.result()
+    if problem:
+        return [problem], {}
     located: dict[str, Located] = {}
     sizes: dict[str, int] = {}
     for name in files:
         path = staging / name
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                meta = f.metadata()
-                lib = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
-        except Exception as exc:  # noqa: BLE001 - whatever safetensors refuses is the finding
-            errors.append(f"{name}: safetensors cannot open it: {type(exc).__name__}: {exc}")
+        seen = opened.get(str(path), {"error": "the safetensors child did not report this file"})
+        if "error" in seen:  # whatever safetensors refuses is the finding
+            errors.append(f"{name}: safetensors cannot open it: {seen['error']}")
             continue
+        meta = seen["metadata"]
+        lib = {k: (dt, tuple(shape)) for k, (dt, shape) in seen["tensors"].items()}
         if meta != {"format": "pt"}:
             errors.append(f"{name}: __metadata__ is {meta}, expected {{'format': 'pt'}}")
         header = read_header(path)

@@ -190,7 +190,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         building = side.submit(_build_verifier, source, staging, settings, relay) if settings.verify else None
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = (_Bar(plan.total_bytes) if is_terminal() else _LogProgress(plan.total_bytes)) if settings.progress else None
-        side.submit(_warm_imports, ("safetensors", "xxhash", "numpy") if building else ())
+        side.submit(_warm_imports, ("xxhash",) if building else ())
         try:
             StreamingWriter(staging, plan.files, settings.workers, bar, relay if building else None).run()
         except BaseException:

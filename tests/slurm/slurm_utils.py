@@ -167,6 +167,21 @@ def sacct_states(job_id: int | str, env: Mapping[str, str] | None = None) -> dic
     return out
 
 
+def wait_for_sacct_state(job_id: int | str, want: str, timeout_s: float = 30,
+                         env: Mapping[str, str] | None = None) -> str:
+    """The job's state in sacct once it is ``want`` (or whatever it is at the timeout).
+
+    Accounting is written after the job ends, asynchronously: sacct may still say PENDING or
+    RUNNING for a moment after scontrol says COMPLETED (seen once on CI).
+    """
+    deadline = time.monotonic() + timeout_s
+    state = sacct_states(job_id, env=env).get(str(job_id), "")
+    while state != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        state = sacct_states(job_id, env=env).get(str(job_id), "")
+    return state
+
+
 def read_log(path: str | os.PathLike, timeout_s: float = 10) -> str:
     """Read a job log, waiting a little for it to appear (slurmstepd writes it)."""
     p = Path(path)

@@ -34,7 +34,7 @@ def test_sbatch_final_state_from_scontrol(tmp_path):
     assert rec["ExitCode"] == "3:0"
     # Still answered by scontrol after the end (MinJobAge), and by sacct.
     assert su.job_state(ok) == "COMPLETED"
-    assert su.sacct_states(ok).get(str(ok)) == "COMPLETED"
+    assert su.wait_for_sacct_state(ok, "COMPLETED") == "COMPLETED"
 
 
 def test_srun_two_tasks():
