@@ -239,9 +239,7 @@ def check_files(staging: Path, model: ExpectedModel, index_name: str,
     errors: list[str] = []
     files = sorted(p.name for p in staging.glob("*.safetensors"))
     probe = probe or SafetensorsProbe([staging / n for n in files])
-    opened, problem = probe.result()
-    if problem:
-        return [problem], {}
+    opened = probe.result()
     located: dict[str, Located] = {}
     sizes: dict[str, int] = {}
     for name in files:
