@@ -15,8 +15,9 @@ checkpoint again) and by the output files themselves, never by the writer's plan
    ``safetensors`` library (``safe_open(framework="numpy")``: headers, keys, dtypes and
    shapes, no data loaded, no torch import), in a child process that runs beside the
    comparisons (:mod:`.stprobe`: it keeps numpy's import off the busy CPUs); keys, dtypes,
-   shapes and ``__metadata__`` must be what the checkpoint declares, the header must be the one the values were read
-   through, and ``model.safetensors.index.json``'s weight map and total size must match.
+   shapes and ``__metadata__`` must be what the checkpoint declares, the header must be the
+   one the values were read through, and ``model.safetensors.index.json``'s weight map and
+   total size must match.
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ _CHECKS = {
     "average": "recomputed as sum(w_i * x_i) in float32 over every checkpoint, then checked for rounding",
 }
 _READER = ("source chunks located with zipfile and placed by their boxes (numpy slicing where values are decoded), "
-           "output read through its own "
-           "safetensors header; nothing shared with the writer's plan or chunk arithmetic")
+           "output read through its own safetensors header; nothing shared with the writer's plan or chunk arithmetic")
 
 
 @dataclass
