@@ -21,9 +21,8 @@ import logging
 import os
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -163,9 +162,10 @@ def staging_dir(out: Path) -> Iterator[Path]:
 def write_output(source: Source, plan: OutputPlan, staging: Path, settings: WriteSettings) -> Written:
     """Write the model into ``staging``: safetensors files, their index, config.json and tokenizer files.
 
-    The architecture check (with verification and a reference), the tied-weight digests
-    and the comparison of each written tensor with the checkpoint (:class:`~.check.Verifier`,
-    started as each tensor is finished) run in background threads during the copy.
+    The architecture check (with verification and a reference) and the tied-weight digests
+    run in background threads during the copy; the comparison of each written tensor with
+    the checkpoint (:class:`~.check.Verifier`) runs beside the copy or after it
+    (:func:`_build_verifier`).
 
     Args:
         source: The opened checkpoints and reference.
@@ -185,22 +185,20 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     if arch_check:
         arch_check.start()
     tied = plan.tied
-    with ThreadPoolExecutor(max_workers=3) as side:
-        relay = _Relay()
-        building = side.submit(_build_verifier, source, staging, settings, relay) if settings.verify else None
+    verifier = _build_verifier(source, staging, settings) if settings.verify else None
+    with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = (_Bar(plan.total_bytes) if is_terminal() else _LogProgress(plan.total_bytes)) if settings.progress else None
-        side.submit(_warm_imports, ("xxhash",) if building else ())
+        side.submit(_warm_imports, ("xxhash",) if verifier else ())
         try:
-            StreamingWriter(staging, plan.files, settings.workers, bar, relay if building else None).run()
+            StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
         except BaseException:
-            if building and building.exception() is None:
-                building.result().close()
+            if verifier:
+                verifier.close()
             raise
         finally:
             if bar:
                 bar.close()
-        verifier = building.result() if building else None
         tied_identical = digests[0].result() == digests[1].result() if digests else None
     if len(plan.files) > 1:
         metadata = index_metadata((t.sources[0].numel, t.nbytes) for t in plan.tensors)
@@ -219,52 +217,26 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     return Written(staging, tied_identical, copied, archs, arch, outcome)
 
 
-def _build_verifier(source: Source, staging: Path, settings: WriteSettings, relay: _Relay) -> Verifier:
-    """Derive the expected output (:class:`~.check.Verifier`) beside the copy, then take the writer's messages.
+def _build_verifier(source: Source, staging: Path, settings: WriteSettings) -> Verifier:
+    """Derive the expected output (:class:`~.check.Verifier`, a few milliseconds: no numpy) and pick its schedule.
 
-    Built in the background, its work is not on the way to the first byte written. Where the
-    machine has CPUs to spare (:data:`OVERLAP_MIN_CPUS`), each tensor is compared as soon as it
-    is written; on fewer, the writer's threads keep every CPU busy and a comparison running
-    beside them slowed the copy by more than its own cost (2 CPUs, 1.5 GB: 0.65-0.67 s
-    against 0.61-0.63 s for comparing after the copy), so the writer's messages then only
-    check where it wrote, and the comparisons start when the copy is done, one thread per CPU.
+    Where the machine has CPUs to spare (:data:`OVERLAP_MIN_CPUS`), each tensor is compared
+    as soon as it is written; on fewer, the writer's threads keep every CPU busy and a
+    comparison running beside them slowed the copy by more than its own cost (2 CPUs,
+    1.5 GB: 0.65-0.67 s against 0.61-0.63 s for comparing after the copy), so the writer's
+    messages then only check where it wrote, and the comparisons start when the copy is
+    done, one thread per CPU.
     """
     from .check import Verifier
 
     cpus = os.cpu_count() or 1
     overlap = cpus >= OVERLAP_MIN_CPUS
-    verifier = Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
-                        workers=settings.workers if overlap else min(settings.workers, cpus), index_name=INDEX_FILE,
-                        full=settings.full_verify, during_copy=overlap)
-    relay.attach(verifier.written)
-    return verifier
+    return Verifier(source, staging, out_dtype=settings.out_dtype, weights=settings.weights,
+                    workers=settings.workers if overlap else min(settings.workers, cpus), index_name=INDEX_FILE,
+                    full=settings.full_verify, during_copy=overlap)
 
 
 OVERLAP_MIN_CPUS = 4  # compare tensors during the copy only on machines with at least this many CPUs
-
-
-class _Relay:
-    """The writer's "tensor done" messages, held until the verifier (built in the background) can take them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._target: Callable[[str, str, list[tuple[int, int]]], object] | None = None
-        self._held: list[tuple[str, str, list[tuple[int, int]]]] = []
-
-    def __call__(self, name: str, file: str, ranges: list[tuple[int, int]]) -> None:
-        with self._lock:
-            target = self._target
-            if target is None:
-                self._held.append((name, file, ranges))
-                return
-        target(name, file, ranges)
-
-    def attach(self, target: Callable[[str, str, list[tuple[int, int]]], object]) -> None:
-        """Send the held messages to ``target``, and every later one as it comes."""
-        with self._lock:
-            held, self._held, self._target = self._held, [], target
-        for message in held:
-            target(*message)
 
 
 def _warm_imports(names: tuple[str, ...]) -> None:
