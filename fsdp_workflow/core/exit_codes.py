@@ -9,11 +9,13 @@ import errno
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected error: a traceback was printed
 EXIT_USAGE = 2  # bad config or arguments: a message naming the key was printed, nothing ran
+EXIT_NONFINITE = 65  # EX_DATAERR: the loss or grad norm became NaN/inf; the last good checkpoint is kept, nothing consolidated
 EXIT_DISK_FULL = 74  # EX_IOERR: a save hit ENOSPC/EDQUOT; the previous checkpoint is intact, free space and resubmit
 # The errnos that mean "disk full" (EDQUOT: over a quota), for every stage that writes big files.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: preempted or out of time, a checkpoint was saved; requeue me
 EXIT_PEER_TIMEOUT = 76  # EX_PROTOCOL: a collective timed out (cluster.rdzv_timeout_s): another rank stopped answering
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped by Ctrl-C where nothing can be checkpointed (consolidation: no partial output)
 # torchrun reports any failed worker as 1, so the job scripts requeue on the run directory's
 # marker (fsdp_workflow.core.rundir.REQUEUE_MARKER) rather than on this code alone.
 
@@ -22,7 +24,9 @@ MEANINGS = {
     EXIT_OK: "finished",
     EXIT_FAILURE: "failed (see the traceback in the log)",
     EXIT_USAGE: "refused: bad config or arguments",
+    EXIT_NONFINITE: "the loss or gradient norm became NaN/inf; the last good checkpoint is kept",
     EXIT_DISK_FULL: "disk full during a save; the previous checkpoint is intact",
     EXIT_REQUEUE: "preempted after a checkpoint; requeue",
     EXIT_PEER_TIMEOUT: "a rank stopped answering; a collective timed out",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); nothing partial was left",
 }

@@ -23,6 +23,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
+      .lock                                                   one holder at a time (core/lock.py): planner, launcher, rank 0
 
 A sweep (``python -m fsdp_workflow -m ...``) puts one run directory per point in
 its sweep directory, beside ``sweep.json``, the index of the points.
@@ -56,6 +57,7 @@ TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torch
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
 REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal; the job scripts requeue on it
 CACHE_DIR = ".cache"
+RUN_LOCK_FILE = ".lock"  # flock'd by the planner while it writes, the local launcher and rank 0 while training
 DATA_CACHE_DIR = "data_cache"  # tokenised, packed data (unless data.cache_dir names a shared one)
 DATA_POINTER_FILE = "data.json"  # which cache this run trains on, written by the prepare step
 
@@ -207,6 +209,11 @@ class RunDir:
         cluster = cfg.get("cluster") if isinstance(cfg.get("cluster"), dict) else {}
         cons = cfg.get("consolidate") if isinstance(cfg.get("consolidate"), dict) else {}
         return cls.of(root, cluster.get("log_dir") or None, cons.get("output_dir") or None)
+
+    @property
+    def lock(self) -> Path:
+        """The run's lock file (:mod:`fsdp_workflow.core.lock`): one command or trainer at a time."""
+        return self.root / RUN_LOCK_FILE
 
     # files written at planning time
     @property
