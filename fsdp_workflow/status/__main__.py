@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from dataclasses import asdict
@@ -64,7 +65,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.watch is not None:
         return watch(render, max(0.5, args.watch))
-    print(render())
+    try:
+        print(render(), flush=True)
+    except BrokenPipeError:  # `status RUN_DIR | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
