@@ -38,6 +38,9 @@ class Series:
     step_time_s: List[float] = field(default_factory=list)
     eval_steps: List[int] = field(default_factory=list)
     eval_loss: List[float] = field(default_factory=list)
+    # "PATH:51: not JSON": the lines that hold no step record, so ``status`` can say so (the last
+    # line while it has no newline yet is being written, not broken, and is not listed)
+    problems: List[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -60,7 +63,7 @@ _CACHE: Dict[Tuple[str, int, int], Series] = {}
 
 
 def read_series(path: Path) -> Series:
-    """The curves of ``metrics.jsonl`` (empty when the file is missing; torn lines are skipped).
+    """The curves of ``metrics.jsonl`` (empty when the file is missing; broken lines are skipped and listed in ``problems``).
 
     Cached on (path, size, mtime): ``status`` reads it for the ETA and again for the curves.
     """
@@ -72,16 +75,25 @@ def read_series(path: Path) -> Series:
     if key in _CACHE:
         return _CACHE[key]
     by_step: Dict[int, dict] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    problems: List[str] = []
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as err:
+        return Series(problems=[f"{path}: unreadable: {err.strerror or err}"])
+    with f:
+        for num, line in enumerate(f, 1):
             try:
                 rec = json.loads(line)
             except ValueError:
+                if line.endswith("\n") and line.strip():
+                    problems.append(f"{path}:{num}: not JSON")
                 continue
             step = rec.get("step") if isinstance(rec, dict) else None
             if isinstance(step, int) and not isinstance(step, bool):
                 by_step[step] = rec
-    s = Series()
+            else:
+                problems.append(f"{path}:{num}: not a step record (no integer \"step\")")
+    s = Series(problems=problems)
     for step in sorted(by_step):
         rec = by_step[step]
         s.steps.append(step)
@@ -174,6 +186,10 @@ def write_png(series: Series, out: Path, *, title: Optional[str] = None) -> Path
         fig.suptitle(title)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, out)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave the temporary file behind
+        raise
     return out

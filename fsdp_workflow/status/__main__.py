@@ -7,13 +7,17 @@
     python -m fsdp_workflow.status SWEEP_DIR          # one line per point of a -m sweep
 
 See :mod:`fsdp_workflow.status` for what is read and from where.
-Exit code 0, or 2 when RUN_DIR is not a run directory or --plot cannot draw.
+Exit code 0, or 2 when RUN_DIR is not a run directory, or --plot cannot draw or names a path it cannot
+write (a directory, an unwritable one): refused before anything is written.
+A broken record (a file or line that cannot be read) is reported as ``broken record: PATH[:LINE]: why``,
+not skipped; the exit code stays 0 (the report itself succeeded).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from dataclasses import asdict
@@ -23,7 +27,7 @@ from typing import List, Optional
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, SWEEP_FILE
 from fsdp_workflow.status.collect import collect
-from fsdp_workflow.status.plot import plot_run
+from fsdp_workflow.status.plot import plot_run, plot_target_problem
 from fsdp_workflow.status.text import format_text
 from fsdp_workflow.status.watch import DEFAULT_S, watch
 
@@ -37,6 +41,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw the curves into a PNG (needs matplotlib)")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir).absolute()
+    if args.plot is not None:  # refused before anything is read or written
+        problem = plot_target_problem(args.plot)
+        if problem:
+            print(f"fsdp_workflow.status: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if (run_dir / SWEEP_FILE).is_file():
         from fsdp_workflow.status.sweep import collect_sweep, format_sweep
 
@@ -56,7 +65,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.watch is not None:
         return watch(render, max(0.5, args.watch))
-    print(render())
+    try:
+        print(render(), flush=True)
+    except BrokenPipeError:  # `status RUN_DIR | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -9,6 +9,12 @@ logs. Also shown: the trainer's ``train_exit.json`` (code, meaning, reason), and
 which checkpoints resume will use: complete ``step-N`` that fail the cheap
 :func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` check are named
 with the reason resume will skip them, and ``step-N.corrupt`` ones set aside.
+
+Nothing broken is skipped in silence: a record that cannot be read (``train_exit.json``,
+``provenance.json``, ``config.yaml``, a line of ``metrics.jsonl`` or ``evals.jsonl``, a
+heartbeat) is listed in ``problems`` with its file, its line and what is wrong. Whether
+the run is alive comes from :mod:`.liveness`; a stopped run gets no ETA, and the commands
+to resume or consolidate it (:mod:`.commands`, shell-quoted).
 """
 
 from __future__ import annotations
@@ -18,14 +24,19 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
+
+import yaml
 
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
+from fsdp_workflow.core.curves import read_series
 from fsdp_workflow.core.exit_codes import MEANINGS
 from fsdp_workflow.core.rundir import JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
+from fsdp_workflow.status.commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.status.eta import Progress, run_progress
+from fsdp_workflow.status.liveness import local_liveness, read_heartbeats, slurm_liveness
 
 # Slurm job state -> what the user is told.
 _STATES = {
@@ -65,6 +76,9 @@ class JobStatus:
 @dataclass
 class RunStatus:
     run_dir: str
+    state: str = "unknown"  # running, queued, stopped, finished, not started, unknown (see .liveness)
+    state_detail: str = ""  # why: the lock's holder, the ranks' pids and last beats, the Slurm job
+    problems: List[str] = field(default_factory=list)  # "PATH[:LINE]: what is wrong" for each broken record
     jobs: List[JobStatus] = field(default_factory=list)
     latest_checkpoint_step: Optional[int] = None  # the newest checkpoint resume would use
     checkpoint_steps: List[int] = field(default_factory=list)  # complete checkpoints that pass the health check
@@ -82,6 +96,9 @@ class RunStatus:
     progress: Optional[Progress] = None  # step, pace, ETA, Slurm time left, requeues, last metrics
     code: Optional[dict] = None  # provenance.json: the code snapshot's sha256 and files, git revision and dirtiness
     notes: List[str] = field(default_factory=list)
+    heartbeats: List[dict] = field(default_factory=list)  # per rank: host, pid, age_s, stale, alive
+    resume_command: str = ""  # shell-quoted; for a stopped run with a checkpoint
+    consolidate_command: str = ""  # shell-quoted; for a stopped run with a checkpoint and no model
 
 
 def _run(argv: List[str], timeout_s: float = 15) -> subprocess.CompletedProcess:
@@ -190,21 +207,34 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
     return st
 
 
-def _json_object(path: Path) -> Optional[dict]:
-    """The JSON object in ``path``; None when it is absent, unreadable or not an object."""
+def _json_object(path: Path, problems: List[str]) -> Optional[dict]:
+    """The JSON object in ``path``; None when it is absent, or broken (then said in ``problems``)."""
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return None
-    return obj if isinstance(obj, dict) else None
+    except OSError as err:
+        problems.append(f"{path}: unreadable: {err.strerror or err}")
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        problems.append(f"{path}: not JSON ({err})" if text.strip() else f"{path}: empty")
+        return None
+    if not isinstance(obj, dict):
+        problems.append(f"{path}: not a JSON object (a {type(obj).__name__})")
+        return None
+    return obj
 
 
-def _train_exit(layout: RunDir) -> Optional[dict]:
+def _train_exit(layout: RunDir, problems: List[str]) -> Optional[dict]:
     """``train_exit.json`` with the meaning of its code (None when the trainer never finished a run)."""
-    rec = _json_object(layout.train_exit)
+    rec = _json_object(layout.train_exit, problems)
     if rec is None:
         return None
     code = rec.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        problems.append(f"{layout.train_exit}: no integer exit_code (found {code!r})")
     rec["meaning"] = MEANINGS.get(code, "unknown exit code") if isinstance(code, int) else "no exit code recorded"
     return rec
 
@@ -228,9 +258,8 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
     return out
 
 
-def _code_record(layout: RunDir) -> Optional[dict]:
+def _code_record(prov: Optional[dict]) -> Optional[dict]:
     """What ``provenance.json`` says about the code the jobs run (None without a readable one)."""
-    prov = _json_object(layout.provenance)
     if prov is None:
         return None
     snap = prov.get("code_snapshot") if isinstance(prov.get("code_snapshot"), dict) else None
@@ -238,27 +267,69 @@ def _code_record(layout: RunDir) -> Optional[dict]:
             "git_revision": prov.get("git_revision"), "git_dirty": prov.get("git_dirty")}
 
 
-def _consolidated(out: Path) -> tuple:
+def _consolidated(out: Path, problems: List[str]) -> tuple:
     """(absent | present | verified | verification failed | present (unreadable ...), verification.json)."""
     if not out.is_dir():
         return "absent", None
     vpath = out / "verification.json"
     if not vpath.is_file():
         return "present", None
-    try:
-        verification = json.loads(vpath.read_text())
-    except ValueError:
+    verification = _json_object(vpath, problems)
+    if verification is None:
         return "present (unreadable verification.json)", None
     return ("verified" if verification.get("ok") else "verification failed"), verification
+
+
+def _config(layout: RunDir, problems: List[str]) -> Dict[str, Any]:
+    """config.yaml as plain data (``{}``, said in ``problems``, when it cannot be read)."""
+    try:
+        cfg = yaml.safe_load(layout.config.read_text())
+    except OSError as err:
+        problems.append(f"{layout.config}: unreadable: {err.strerror or err}")
+        return {}
+    except yaml.YAMLError as err:
+        problems.append(f"{layout.config}: not YAML ({' '.join(str(err).split())})")
+        return {}
+    if not isinstance(cfg, dict):
+        problems.append(f"{layout.config}: not a mapping of config keys")
+        return {}
+    return cfg
+
+
+def _last_eval(layout: RunDir, problems: List[str]) -> Optional[dict]:
+    """The last well-formed line of evals.jsonl; every broken line is said in ``problems``."""
+    try:
+        lines = layout.evals_file.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        problems.append(f"{layout.evals_file}: unreadable: {err.strerror or err}")
+        return None
+    last = None
+    for num, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            problems.append(f"{layout.evals_file}:{num}: not JSON")
+            continue
+        if isinstance(rec, dict):
+            last = rec
+        else:
+            problems.append(f"{layout.evals_file}:{num}: not a JSON object")
+    return last
 
 
 def collect(run_dir: Path) -> RunStatus:
     """Everything :func:`main` prints, as data."""
     layout = RunDir.recorded(run_dir)  # cluster.log_dir and consolidate.output_dir as the run recorded them
     rs = RunStatus(run_dir=str(layout.root))
+    cfg = _config(layout, rs.problems)
     for role, job_id in read_jobs(layout):
         rs.jobs.append(job_status(layout, role, job_id))
-    if not rs.jobs:
+    cluster = cfg.get("cluster") if isinstance(cfg.get("cluster"), dict) else {}
+    if not rs.jobs and cluster.get("kind") == "slurm":  # a local run submits nothing: no jobs.txt
         rs.notes.append(f"no {JOBS_FILE}: nothing was submitted from this run directory yet")
     # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one),
     # and of those the ones resume would not skip (a truncated shard, a garbled .metadata)
@@ -270,21 +341,40 @@ def collect(run_dir: Path) -> RunStatus:
             rs.skipped_checkpoints.append({"step": step, "path": str(path), "problem": problem})
     rs.latest_checkpoint_step = rs.checkpoint_steps[-1] if rs.checkpoint_steps else None
     rs.quarantined = [str(p) for p in layout.quarantined()]
-    rs.code = _code_record(layout)
-    rs.train_exit = _train_exit(layout)
+    provenance = _json_object(layout.provenance, rs.problems)
+    rs.code = _code_record(provenance)
+    rs.train_exit = _train_exit(layout, rs.problems)
     rs.requeue_marker = layout.requeue_marker.exists()
     rs.data = _data_summary(layout)
     rs.progress = run_progress(layout, rs.jobs)
+    rs.problems += read_series(layout.metrics).problems
     rs.consolidated_dir = str(layout.hf_model)
-    rs.consolidated, rs.verification = _consolidated(layout.hf_model)
+    rs.consolidated, rs.verification = _consolidated(layout.hf_model, rs.problems)
     if layout.hf_model_ema.is_dir():  # train.ema_decay: the EMA's model beside it
         rs.consolidated_ema_dir = str(layout.hf_model_ema)
-        rs.consolidated_ema = _consolidated(layout.hf_model_ema)[0]
-    if layout.evals_file.is_file():
-        lines = [l for l in layout.evals_file.read_text().splitlines() if l.strip()]
-        if lines:
-            try:
-                rs.last_eval = json.loads(lines[-1])
-            except ValueError:
-                pass
+        rs.consolidated_ema = _consolidated(layout.hf_model_ema, rs.problems)[0]
+    rs.last_eval = _last_eval(layout, rs.problems)
+    _liveness(rs, layout, cfg, provenance)
     return rs
+
+
+def _liveness(rs: RunStatus, layout: RunDir, cfg: Dict[str, Any], provenance: Optional[dict]) -> None:
+    """Whether the run is alive; a run that is not gets no ETA, and the commands to continue it."""
+    beats = read_heartbeats(layout, rs.problems)
+    code = (rs.train_exit or {}).get("exit_code")
+    code = code if isinstance(code, int) else None
+    if rs.jobs:
+        live = slurm_liveness([j.status for j in rs.jobs], [j.role for j in rs.jobs], beats, code)
+    else:
+        ran = rs.progress is not None and rs.progress.step is not None
+        live = local_liveness(layout, beats, ran or rs.train_exit is not None, code)
+    rs.state, rs.state_detail, rs.heartbeats = live.state, live.detail, live.ranks
+    if rs.state not in ("running", "queued") and rs.progress is not None:
+        rs.progress.eta_s = None  # nothing is training: a time left would be a lie
+    if rs.state != "stopped" or rs.latest_checkpoint_step is None:
+        return
+    cluster = cfg.get("cluster") if isinstance(cfg.get("cluster"), dict) else {}
+    planned = provenance.get("command") if provenance and isinstance(provenance.get("command"), list) else None
+    rs.resume_command = shell(resume_argv(layout, planned, slurm=cluster.get("kind") == "slurm"))
+    if rs.consolidated == "absent":
+        rs.consolidate_command = shell(consolidate_argv(layout))

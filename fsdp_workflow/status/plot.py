@@ -6,17 +6,44 @@ command says so and exits 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from fsdp_workflow.core.curves import PlotUnavailable, read_series, write_png
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import RunDir
 
 
+def plot_target_problem(out: Path) -> Optional[str]:
+    """Why ``--plot out`` cannot be written (None when it can), checked before anything is written.
+
+    The PNG is written to ``.OUT.tmp`` beside ``out`` and renamed: a directory at ``out``
+    would fail only at the rename, leaving the temporary file behind.
+    """
+    out = Path(out)
+    if out.is_dir():
+        return f"--plot {out}: is a directory; name the PNG file to write, e.g. {out / 'loss.png'}"
+    if out.exists() and not out.is_file():
+        return f"--plot {out}: exists and is not a regular file"
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--plot {out}: its directory {parent} does not exist; create it first"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--plot {out}: its directory {parent} is not writable"
+    if out.exists() and not os.access(out, os.W_OK):
+        return f"--plot {out}: exists and is not writable"
+    return None
+
+
 def plot_run(run_dir: Path, out: Path) -> int:
     """Write ``out`` from ``run_dir``'s metrics.jsonl; the exit code (0, or 2 with a message on stderr)."""
     metrics = RunDir(run_dir).metrics
+    problem = plot_target_problem(out)
+    if problem:
+        print(f"fsdp_workflow.status: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         write_png(read_series(metrics), out, title=Path(run_dir).name)
     except PlotUnavailable as err:

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 from fsdp_workflow.core.curves import read_series
 from fsdp_workflow.core.rundir import CONFIG_FILE, RunDir, read_sweep_index
 from fsdp_workflow.status.collect import RunStatus, collect
+from fsdp_workflow.status.commands import shell, status_argv
 
 # The chain's jobs, in order.
 _CHAIN = ("prepare", "train", "consolidate")
@@ -109,6 +110,6 @@ def format_sweep(sweep_dir: Path, points: List[PointStatus]) -> str:
         point = ps.point if len(ps.point) <= width else ps.point[:width - 3] + "..."
         lines.append(f"  {ps.num:>3}  {point:<{width}}  {ps.state:<11} {step:>11}  {_num(ps.loss):>8}  "
                      f"{_num(ps.eval_loss):>9}" + ("  <- best" if ps.best else ""))
-    lines.append("each point: python -m fsdp_workflow.status SWEEP_DIR/<run dir>; the run dirs: "
-                 + ", ".join(ps.run_dir for ps in points[:3]) + (", ..." if len(points) > 3 else ""))
+    lines.append("each point's status:" + "".join(f"\n  {shell(status_argv(ps.run_dir))}" for ps in points[:3])
+                 + ("\n  ..." if len(points) > 3 else ""))
     return "\n".join(lines)

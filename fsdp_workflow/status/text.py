@@ -11,7 +11,8 @@ from fsdp_workflow.status.eta import progress_lines
 
 def format_text(rs: RunStatus, width: int = 80) -> str:
     """The report; the progress lines and the curves (``width`` columns) come after the fixed lines."""
-    lines = [f"run: {rs.run_dir}"]
+    lines = [f"run: {rs.run_dir}", f"state: {rs.state}" + (f" ({rs.state_detail})" if rs.state_detail else "")]
+    lines += [f"broken record: {p}" for p in rs.problems]
     for j in rs.jobs:
         extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
                  f"exit {j.exit_code}" if j.exit_code and j.status in ("done", "failed", "cancelled") else "",
@@ -29,6 +30,8 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
         lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
                      + (f": {te['reason']}" if te.get("reason") else "")
                      + (f" at step {te['step']}" if te.get("step") is not None else ""))
+        if te.get("checkpoint"):
+            lines.append(f"  checkpoint it reached: {te['checkpoint']}")
     if rs.code is not None:
         c = rs.code
         dirty = {True: ", uncommitted changes", False: "", None: ""}.get(c.get("git_dirty"), "")
@@ -53,6 +56,10 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
     if rs.last_eval:
         lines.append("last evaluation: " + ", ".join(f"{k}={v}" for k, v in rs.last_eval.items()))
     lines += [f"note: {n}" for n in rs.notes]
+    if rs.resume_command:
+        lines.append(f"resume with: {rs.resume_command}")
+    if rs.consolidate_command:
+        lines.append(f"consolidate the newest checkpoint with: {rs.consolidate_command}")
     lines += progress_lines(rs.progress)
     if rs.progress is not None and rs.progress.step is not None:
         lines += [""] + curve_block(read_series(RunDir(rs.run_dir).metrics), width)

@@ -1,10 +1,14 @@
-"""A run directory as the trainer leaves it mid-run: config.yaml and a metrics.jsonl of real-looking numbers."""
+"""A run directory as the trainer leaves it mid-run: config.yaml, a metrics.jsonl of real-looking numbers, heartbeats."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -31,8 +35,21 @@ def eval_at(step: int) -> float:
     return smooth(step) + 0.1
 
 
-def write_run(root: Path, steps: int = STEPS) -> RunDir:
-    """config.yaml (train.max_steps) and metrics.jsonl with ``steps`` steps, a torn line and a redone step."""
+def write_heartbeat(run: RunDir, rank: int, pid: int, age_s: float = 0.0, host: Optional[str] = None,
+                    interval_s: float = 5.0) -> None:
+    """A heartbeat as the trainer's writes it (train/heartbeat.py), last beaten ``age_s`` ago."""
+    run.heartbeats.mkdir(parents=True, exist_ok=True)
+    run.heartbeat(rank).write_text(json.dumps({
+        "rank": rank, "host": host or socket.gethostname(), "pid": pid, "phase": "step", "step": 1, "beats": 3,
+        "time": time.time() - age_s, "interval_s": interval_s}))
+
+
+def write_run(root: Path, steps: int = STEPS, alive: bool = True) -> RunDir:
+    """config.yaml (train.max_steps) and metrics.jsonl with ``steps`` steps, a torn line and a redone step.
+
+    ``alive``: rank 0's heartbeat names this (live) test process, beating every hour, so the run is
+    running; otherwise there is no heartbeat at all.
+    """
     run = RunDir(root)
     root.mkdir(parents=True)
     run.config.write_text(yaml.safe_dump({"name": "fixture", "train": {"max_steps": MAX_STEPS}}))
@@ -49,4 +66,6 @@ def write_run(root: Path, steps: int = STEPS) -> RunDir:
             lines.append('{"step": 251, "lo')
         lines.append(json.dumps(rec))
     run.metrics.write_text("\n".join(lines) + "\n")
+    if alive:
+        write_heartbeat(run, 0, os.getpid(), interval_s=3600.0)
     return run
