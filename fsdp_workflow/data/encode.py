@@ -21,9 +21,8 @@ import numpy as np
 
 from fsdp_workflow.config.schema import ModelConfig, Overlong
 from fsdp_workflow.data.cache import IGNORE_INDEX
-from fsdp_workflow.data.formats import (BadRecord, Document, FormatSpec, TemplateMismatch, parse_json_line,
-                                        to_document)
-from fsdp_workflow.data.sources import Chunk, DataError
+from fsdp_workflow.data.formats import BadRecord, Document, FormatSpec, parse_json_line, to_document
+from fsdp_workflow.data.sources import Chunk
 from fsdp_workflow.data.templates import compile_template
 
 
@@ -62,10 +61,12 @@ def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
         from fsdp_workflow.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(spec.model)
+    template = compile_template(spec.fmt.template) if spec.fmt.template is not None else None
+    variables = template_variables(tokenizer)
+    if template is not None and not template.marked:
+        template.end_of_turn(tokenizer, **variables)  # once, here: a template without one is refused up front
     _STATE.clear()
-    _STATE.update(spec=spec, tokenizer=tokenizer,
-                  render=compile_template(spec.fmt.template) if spec.fmt.template is not None else None,
-                  variables=template_variables(tokenizer))
+    _STATE.update(spec=spec, tokenizer=tokenizer, render=template, variables=variables)
 
 
 def template_variables(tokenizer: Any) -> Dict[str, Any]:
@@ -74,22 +75,21 @@ def template_variables(tokenizer: Any) -> Dict[str, Any]:
 
 
 def trained_mask(offsets: np.ndarray, spans: List[Tuple[int, int]]) -> np.ndarray:
-    """Tokens whose character offsets overlap any span (an empty-offset token: lies inside one)."""
+    """Tokens whose characters overlap any span: exactly what ``return_assistant_tokens_mask`` marks."""
     mask = np.zeros(len(offsets), dtype=bool)
     if len(offsets) == 0:
         return mask
     s, e = offsets[:, 0], offsets[:, 1]
     for a, b in spans:
         if b > a:
-            mask |= ((s < b) & (e > a)) | ((s == e) & (s >= a) & (s < b))
+            mask |= (s < b) & (e > a)  # transformers' rule for return_assistant_tokens_mask
     return mask
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
 
-    Raises:
-        DataError: the chat template cannot be used (not a per-record fault).
+    A record that cannot be used is listed in the result's ``bad`` with its file and line, never raised.
     """
     spec: EncodeSpec = _STATE["spec"]
     tok = _STATE["tokenizer"]
@@ -102,8 +102,6 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
             docs.append(to_document(record, spec.fmt, _STATE["render"], _STATE["variables"]))
         except BadRecord as err:
             result.bad.append((path, line, str(err)))
-        except TemplateMismatch as err:
-            raise DataError(f"{path}:{line}: {err}") from err
     if not docs:
         return result
     enc = tok([d.text for d in docs], add_special_tokens=False, return_offsets_mapping=True)

@@ -1,0 +1,118 @@
+"""Finding what an assistant said in one rendering of a conversation.
+
+The stock chat templates of real models carry no ``{% generation %}`` markers,
+and several render a conversation's prefix differently from the whole (Qwen3
+adds an empty think block before the last answer only, Phi-3 ends with
+``<|endoftext|>`` unless a reply is asked for, Mistral-Nemo moves the system
+prompt into the last user turn). So the conversation is rendered once, and the
+messages are found in that text, in order:
+
+- each non-assistant message's content moves a cursor past it (when the
+  template writes it verbatim; Mistral-Nemo's moved system prompt is skipped);
+- each assistant message's content is found after the cursor, followed by the
+  template's end-of-turn marker (:meth:`ChatTemplate.end_of_turn`). Its span is
+  that content plus the marker. Content the template trims (Llama's ``| trim``)
+  is found trimmed.
+- reasoning (``reasoning_content``, or ``<think>...</think>`` at the start of the
+  content) is trained where the template writes it, from its ``<think>`` tag on;
+  a template that drops it (DeepSeek-R1's, Qwen3's before the last question)
+  trains the answer alone.
+
+Everything else in the rendering is the template's own text and is never
+trained: role headers, default system prompts, dates, empty think blocks, the
+newline between turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class SpanNotFound(ValueError):
+    """An assistant message is not in the rendering as the template should write it; the message says which."""
+
+
+def split_reasoning(message: Dict[str, Any]) -> Tuple[Optional[str], str]:
+    """``(reasoning, answer)`` of an assistant message: ``reasoning_content``, or a leading think block."""
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning.strip():
+        return reasoning, content
+    if THINK_CLOSE in content:
+        head, _, answer = content.rpartition(THINK_CLOSE)
+        return head.split(THINK_OPEN)[-1], answer
+    return None, content
+
+
+def _variants(text: str) -> List[str]:
+    """The forms a template may write ``text`` in: as is, without surrounding newlines, trimmed."""
+    out: List[str] = []
+    for v in (text, text.strip("\n"), text.lstrip("\n"), text.strip()):
+        if v and v not in out:
+            out.append(v)
+    return out
+
+
+def _find_answer(full: str, answer: str, eot: str, cursor: int) -> Tuple[int, int]:
+    """``(start, end of the end-of-turn marker)`` of the first form of ``answer`` followed by ``eot``."""
+    for v in _variants(answer):
+        i = full.find(v + eot, cursor)
+        if i >= 0:
+            return i, i + len(v) + len(eot)
+    for v in _variants(answer):  # whitespace between the answer and the marker (rare)
+        i = full.find(v, cursor)
+        while i >= 0:
+            j = i + len(v)
+            k = j + (len(full[j:]) - len(full[j:].lstrip()))
+            if full.startswith(eot, k):
+                return i, k + len(eot)
+            i = full.find(v, i + 1)
+    return -1, -1
+
+
+def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str) -> List[Tuple[int, int]]:
+    """One ``[start, end)`` character span per assistant message of ``messages``, in order.
+
+    Args:
+        full: the one rendering of ``messages``.
+        messages: the conversation (``role``, ``content``, optional ``reasoning_content``).
+        eot: the template's end-of-turn marker.
+
+    Returns:
+        The spans: each answer (and the reasoning the template wrote for it) plus ``eot``.
+
+    Raises:
+        SpanNotFound: an assistant answer followed by ``eot`` is not in the rendering after the previous turn.
+    """
+    spans: List[Tuple[int, int]] = []
+    cursor = 0
+    for n, m in enumerate(messages):
+        if m["role"] != "assistant":
+            for v in _variants(m.get("content") or ""):
+                i = full.find(v, cursor)
+                if i >= 0:
+                    cursor = i + len(v)
+                    break
+            continue
+        reasoning, answer = split_reasoning(m)
+        content = m.get("content") or ""
+        start, end = -1, -1
+        if reasoning is not None and THINK_CLOSE in content:  # a think block in the content, written verbatim?
+            start, end = _find_answer(full, content, eot, cursor)
+        if start < 0:  # no think block, reasoning_content, or the template rewrote it
+            start, end = _find_answer(full, answer, eot, cursor)
+            if start < 0:
+                raise SpanNotFound(
+                    f"assistant message {n} followed by the template's end-of-turn marker {eot!r} is not in the "
+                    "rendered conversation (the chat template changes what the assistant said). Mark the assistant "
+                    "turns with {% generation %} ... {% endgeneration %} in data.chat_template to say what to train.")
+            if reasoning is not None and reasoning.strip():
+                r = full.rfind(reasoning.strip(), cursor, start)
+                if r >= 0:
+                    tag = full.rfind(THINK_OPEN, cursor, r)
+                    start = tag if tag >= 0 else r
+        spans.append((start, end))
+        cursor = end
+    return spans
