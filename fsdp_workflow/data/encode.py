@@ -22,7 +22,7 @@ import numpy as np
 from fsdp_workflow.config.schema import ModelConfig, Overlong
 from fsdp_workflow.data.cache import IGNORE_INDEX
 from fsdp_workflow.data.formats import BadRecord, Document, FormatSpec, parse_json_line, to_document
-from fsdp_workflow.data.sources import Chunk
+from fsdp_workflow.data.sources import BadPayload, Chunk
 from fsdp_workflow.data.templates import compile_template
 
 
@@ -52,6 +52,7 @@ class ChunkResult:
 
 
 _STATE: Dict[str, Any] = {}
+CHARS_PER_TOKEN = 32  # a text longer than this x seq_len is tokenised from a prefix (see _tokenize)
 
 
 def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
@@ -86,6 +87,34 @@ def trained_mask(offsets: np.ndarray, spans: List[Tuple[int, int]]) -> np.ndarra
     return mask
 
 
+def _tokenize(tok: Any, texts: List[str], seq_len: int) -> List[Tuple[List[int], List[Tuple[int, int]]]]:
+    """Token ids and character offsets of each text; a long text only as far as ``seq_len`` needs.
+
+    A text longer than :data:`CHARS_PER_TOKEN` x ``seq_len`` characters is tokenised
+    from a prefix of that length. When more than ``seq_len`` tokens end in its first
+    half, those tokens are what the whole text gives (tokenisers split text into
+    words before merging, so a cut changes only the last words) and the document is
+    overlong either way: truncated or dropped, never tokenised whole. This is what
+    keeps a 50 MB record at a few times its size in memory, not gigabytes of offsets.
+    """
+    budget = max(CHARS_PER_TOKEN * seq_len, 4096)
+    short = [i for i, t in enumerate(texts) if len(t) <= budget]
+    out: List[Any] = [None] * len(texts)
+    if short:
+        enc = tok([texts[i] for i in short], add_special_tokens=False, return_offsets_mapping=True)
+        for i, ids, offs in zip(short, enc["input_ids"], enc["offset_mapping"]):
+            out[i] = (ids, offs)
+    for i, t in enumerate(texts):
+        if out[i] is None:
+            enc = tok(t[:budget], add_special_tokens=False, return_offsets_mapping=True)
+            ids, offs = enc["input_ids"], enc["offset_mapping"]
+            if len(ids) <= seq_len + 1 or offs[seq_len + 1][1] > budget // 2:
+                enc = tok(t, add_special_tokens=False, return_offsets_mapping=True)  # rare: very long tokens
+                ids, offs = enc["input_ids"], enc["offset_mapping"]
+            out[i] = (ids, offs)
+    return out
+
+
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
 
@@ -97,6 +126,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     docs: List[Document] = []
     result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows))
     for line, payload in rows:
+        if isinstance(payload, BadPayload):
+            result.bad.append((path, line, payload.reason))
+            continue
         try:
             record = parse_json_line(payload) if spec.json_lines else payload
             docs.append(to_document(record, spec.fmt, _STATE["render"], _STATE["variables"]))
@@ -104,12 +136,12 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
             result.bad.append((path, line, str(err)))
     if not docs:
         return result
-    enc = tok([d.text for d in docs], add_special_tokens=False, return_offsets_mapping=True)
+    encoded = _tokenize(tok, [d.text for d in docs], spec.seq_len)
     eos = tok.eos_token_id
     toks: List[np.ndarray] = []
     labs: List[np.ndarray] = []
     lengths: List[int] = []
-    for d, ids, offs in zip(docs, enc["input_ids"], enc["offset_mapping"]):
+    for d, (ids, offs) in zip(docs, encoded):
         ids_a = np.asarray(ids, dtype=np.int32)
         mask = trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans)
         if d.eos:

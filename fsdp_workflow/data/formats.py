@@ -86,6 +86,9 @@ def _get_str(record: Mapping[str, Any], key: str, canonical: str, required: bool
     if key not in record or record[key] is None:
         if not required:
             return ""
+        if canonical == "text":  # format=text reads data.text_field (the planner refuses data.fields there)
+            raise BadRecord(f"no field {key!r} (data.text_field={key!r}); fields: {sorted(record)[:12]}. "
+                            "Name the field holding the text with data.text_field=NAME")
         mapped = "" if key == canonical else f" (data.fields.{canonical}={key!r})"
         raise BadRecord(f"no field {key!r}{mapped}; fields: {sorted(record)[:12]}. Map it with data.fields.{canonical}")
     value = record[key]

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 512  # records per worker task: big enough to amortise, small enough to balance
 MAX_BAD_SHOWN = 5
+PROGRESS_EVERY_S = 5.0  # a progress line at most this often (a log file gets lines, not a bar)
 # Files of a model directory that never change tokenisation (not hashed into the key).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 
@@ -122,8 +123,9 @@ def available_cpus() -> int:
 class _Progress:
     """Records/s and tokens, one log line every few seconds (a log file gets lines, not a bar)."""
 
-    def __init__(self, label: str, enabled: bool, every_s: float = 5.0) -> None:
-        self.label, self.enabled, self.every_s = label, enabled, every_s
+    def __init__(self, label: str, enabled: bool, every_s: Optional[float] = None) -> None:
+        self.label, self.enabled = label, enabled
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
         self.start = self.last = time.monotonic()
         self.records = self.tokens = 0
 
@@ -204,11 +206,13 @@ def _gather(results: List[ChunkResult]) -> _Docs:
     return _Docs(tokens, labels, offsets, counts, bad)
 
 
-def _bad_report(bad: List[Tuple[str, int, str]]) -> str:
+def _bad_report(bad: List[Tuple[str, int, str]], fmt: DataFormat) -> str:
     lines = [f"  {f}:{line}: {why}" for f, line, why in bad[:MAX_BAD_SHOWN]]
     more = f"\n  ... and {len(bad) - MAX_BAD_SHOWN} more" if len(bad) > MAX_BAD_SHOWN else ""
+    names = "name the text field with data.text_field" if fmt == DataFormat.text else \
+        "map the field names with data.fields.*"
     return (f"{len(bad)} bad record(s):\n" + "\n".join(lines) + more +
-            "\nFix the data, map the field names with data.fields.*, or set data.on_bad_record=skip to leave "
+            f"\nFix the data, {names}, or set data.on_bad_record=skip to leave "
             "them out (they are counted in the cache's meta.json).")
 
 
@@ -305,7 +309,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     held = _read_split(cfg, eval_files, "data.eval_path", spec, tokenizer, workers, progress) if eval_files else None
     bad = train.bad + (held.bad if held else [])
     if bad and d.on_bad_record == OnBadRecord.fail:
-        raise DataError(_bad_report(bad))
+        raise DataError(_bad_report(bad, d.format))
     n_docs = len(train.offsets) - 1
     if n_docs == 0:
         raise DataError(f"data.path={d.path!r}: no usable documents"

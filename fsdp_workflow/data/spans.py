@@ -25,7 +25,7 @@ newline between turns.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -46,13 +46,23 @@ def split_reasoning(message: Dict[str, Any]) -> Tuple[Optional[str], str]:
     return None, content
 
 
-def _variants(text: str) -> List[str]:
-    """The forms a template may write ``text`` in: as is, without surrounding newlines, trimmed."""
-    out: List[str] = []
-    for v in (text, text.strip("\n"), text.lstrip("\n"), text.strip()):
-        if v and v not in out:
-            out.append(v)
-    return out
+def _variants(text: str) -> Iterator[str]:
+    """The forms a template may write ``text`` in: as is, without surrounding newlines, trimmed.
+
+    One at a time, each cut once from ``text``: a 50 MB answer costs one copy at a time, not four.
+    """
+    n = len(text)
+    seen = set()
+    for lead, trail in (("", ""), ("\n", "\n"), ("\n", ""), (None, None)):  # None: any whitespace (str.strip)
+        a = 0
+        while a < n and (text[a].isspace() if lead is None else text[a] in lead):
+            a += 1
+        b = n
+        while b > a and (text[b - 1].isspace() if trail is None else text[b - 1] in trail):
+            b -= 1
+        if b > a and (a, b) not in seen:
+            seen.add((a, b))
+            yield text if (a, b) == (0, n) else text[a:b]
 
 
 def _find_answer(full: str, answer: str, eot: str, cursor: int) -> Tuple[int, int]:
