@@ -45,6 +45,8 @@ class ChunkResult:
     labels: np.ndarray  # int32, IGNORE_INDEX where no loss
     lengths: np.ndarray  # int64, one per kept document
     records: int = 0
+    path: str = ""  # the file the chunk came from
+    lines: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each kept document's line
     bad: List[Tuple[str, int, str]] = field(default_factory=list)  # (file, line, reason)
     truncated: int = 0
     dropped_overlong: int = 0
@@ -124,7 +126,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     tok = _STATE["tokenizer"]
     path, rows = chunk
     docs: List[Document] = []
-    result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows))
+    result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows),
+                         path=path)
+    doc_lines: List[int] = []
     for line, payload in rows:
         if isinstance(payload, BadPayload):
             result.bad.append((path, line, payload.reason))
@@ -132,6 +136,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         try:
             record = parse_json_line(payload) if spec.json_lines else payload
             docs.append(to_document(record, spec.fmt, _STATE["render"], _STATE["variables"]))
+            doc_lines.append(line)
         except BadRecord as err:
             result.bad.append((path, line, str(err)))
     if not docs:
@@ -141,7 +146,8 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     toks: List[np.ndarray] = []
     labs: List[np.ndarray] = []
     lengths: List[int] = []
-    for d, (ids, offs) in zip(docs, encoded):
+    kept_lines: List[int] = []
+    for d, line, (ids, offs) in zip(docs, doc_lines, encoded):
         ids_a = np.asarray(ids, dtype=np.int32)
         mask = trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans)
         if d.eos:
@@ -161,7 +167,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         toks.append(ids_a)
         labs.append(np.where(mask, ids_a, IGNORE_INDEX).astype(np.int32))
         lengths.append(len(ids_a))
+        kept_lines.append(line)
     if toks:
+        result.lines = np.asarray(kept_lines, dtype=np.int64)
         result.tokens = np.concatenate(toks)
         result.labels = np.concatenate(labs)
         result.lengths = np.asarray(lengths, dtype=np.int64)
