@@ -157,7 +157,7 @@ def conversation_spans(messages: List[Dict[str, Any]], template: ChatTemplate,
     except Exception as err:  # noqa: BLE001 - a template is user code: whatever it raises is about this record
         raise BadRecord(f"the chat template refused this conversation ({type(err).__name__}: {err})") from err
     try:
-        return full, assistant_spans(full, messages, template.end_of_turn(None, **variables))
+        return full, assistant_spans(full, messages, template.end_of_turn(None, **variables), template.header)
     except SpanNotFound as err:
         raise BadRecord(str(err)) from err
 

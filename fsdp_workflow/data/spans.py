@@ -7,12 +7,14 @@ adds an empty think block before the last answer only, Phi-3 ends with
 prompt into the last user turn). So the conversation is rendered once, and the
 messages are found in that text, in order:
 
-- each non-assistant message's content moves a cursor past it (when the
-  template writes it verbatim; Mistral-Nemo's moved system prompt is skipped);
+- the message right before each assistant message (its prompt) moves a
+  cursor past it, when the template writes it verbatim (other messages may
+  move: Mistral-Nemo writes the system prompt into the last user turn);
 - each assistant message's content is found after the cursor, followed by the
-  template's end-of-turn marker (:meth:`ChatTemplate.end_of_turn`). Its span is
-  that content plus the marker. Content the template trims (Llama's ``| trim``)
-  is found trimmed.
+  template's end-of-turn marker (:meth:`ChatTemplate.end_of_turn`), and
+  preceded by the template's assistant header where it is. Its span is that
+  content plus the marker. Content the template trims (Llama's ``| trim``) is
+  found trimmed.
 - reasoning (``reasoning_content``, or ``<think>...</think>`` at the start of the
   content) is trained where the template writes it, from its ``<think>`` tag on;
   a template that drops it (DeepSeek-R1's, Qwen3's before the last question)
@@ -65,30 +67,37 @@ def _variants(text: str) -> Iterator[str]:
             yield text if (a, b) == (0, n) else text[a:b]
 
 
-def _find_answer(full: str, answer: str, eot: str, cursor: int) -> Tuple[int, int]:
-    """``(start, end of the end-of-turn marker)`` of the first form of ``answer`` followed by ``eot``."""
-    for v in _variants(answer):
-        i = full.find(v + eot, cursor)
-        if i >= 0:
-            return i, i + len(v) + len(eot)
+def _find_answer(full: str, answer: str, eot: str, cursor: int, header: str) -> Tuple[int, int]:
+    """``(start, end of the end-of-turn marker)`` of the first form of ``answer`` followed by ``eot``.
+
+    Preceded by ``header`` (what the template writes before an answer) where it is,
+    so that an answer that also occurs in the template's own text is not taken there.
+    """
+    for lead in ((header, "") if header else ("",)):
+        for v in _variants(answer):
+            i = full.find(lead + v + eot, cursor)
+            if i >= 0:
+                return i + len(lead), i + len(lead) + len(v) + len(eot)
     for v in _variants(answer):  # whitespace between the answer and the marker (rare)
         i = full.find(v, cursor)
         while i >= 0:
             j = i + len(v)
-            k = j + (len(full[j:]) - len(full[j:].lstrip()))
+            k = j + (len(full[j:j + 64]) - len(full[j:j + 64].lstrip()))
             if full.startswith(eot, k):
                 return i, k + len(eot)
             i = full.find(v, i + 1)
     return -1, -1
 
 
-def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str) -> List[Tuple[int, int]]:
+def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str,
+                    header: str = "") -> List[Tuple[int, int]]:
     """One ``[start, end)`` character span per assistant message of ``messages``, in order.
 
     Args:
         full: the one rendering of ``messages``.
         messages: the conversation (``role``, ``content``, optional ``reasoning_content``).
         eot: the template's end-of-turn marker.
+        header: what the template writes between a user message and the answer (tried first; may be empty).
 
     Returns:
         The spans: each answer (and the reasoning the template wrote for it) plus ``eot``.
@@ -100,19 +109,21 @@ def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str) -> 
     cursor = 0
     for n, m in enumerate(messages):
         if m["role"] != "assistant":
-            for v in _variants(m.get("content") or ""):
+            continue
+        prompt = messages[n - 1] if n > 0 and messages[n - 1]["role"] != "assistant" else None
+        if prompt is not None:  # only the prompt right before: a template may move others (Nemo's system)
+            for v in _variants(prompt.get("content") or ""):
                 i = full.find(v, cursor)
                 if i >= 0:
                     cursor = i + len(v)
                     break
-            continue
         reasoning, answer = split_reasoning(m)
         content = m.get("content") or ""
         start, end = -1, -1
         if reasoning is not None and THINK_CLOSE in content:  # a think block in the content, written verbatim?
-            start, end = _find_answer(full, content, eot, cursor)
+            start, end = _find_answer(full, content, eot, cursor, header)
         if start < 0:  # no think block, reasoning_content, or the template rewrote it
-            start, end = _find_answer(full, answer, eot, cursor)
+            start, end = _find_answer(full, answer, eot, cursor, header)
             if start < 0:
                 raise SpanNotFound(
                     f"assistant message {n} followed by the template's end-of-turn marker {eot!r} is not in the "

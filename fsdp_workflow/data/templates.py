@@ -160,6 +160,7 @@ class ChatTemplate:
         self.text = text
         self.marked = has_generation_markers(text)
         self._end_of_turn: Optional[str] = None
+        self.header = ""  # what the template writes between a user message and the answer (set by end_of_turn)
 
     def render(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = False, **variables: Any) -> str:
         """The conversation as ``apply_chat_template(tokenize=False)`` renders it."""
@@ -222,6 +223,7 @@ class ChatTemplate:
                     "learns to stop. Add the end-of-turn token after each assistant message (e.g. "
                     "'{{ message.content + eos_token }}'), or mark what to train with {% generation %}.")
             self._end_of_turn = marker
+            self.header = text[text.index(u1) + len(u1):text.index(a1)]
             return marker
         raise TemplateError(
             "cannot find what the chat template writes after an assistant turn: a probe conversation "

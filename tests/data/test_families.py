@@ -136,7 +136,10 @@ def oracle_spans(family: Family, text: str) -> List[Tuple[int, int]]:
         start = h + len(family.open)
         if family.empty_think and text.startswith(family.empty_think, start):
             start += len(family.empty_think)
-        end = text.index(family.eot, start) + len(family.eot)
+        end = text.find(family.eot, start)
+        if end < 0:  # a header with no answer after it (Mistral's [/INST] closing the last user turn)
+            return spans
+        end += len(family.eot)
         spans.append((start, end))
         i = end
 
@@ -241,3 +244,28 @@ def test_prefix_divergent_templates_prepare_end_to_end(tmp_path: Path, tokenizer
     labels = np.load(p.path / "train" / "labels.npy")
     eot_id = tok.convert_tokens_to_ids(fam.eot)
     assert int(((labels != IGNORE_INDEX) & (tokens == eot_id)).sum()) == sum(n for n in (1, 2, 3) for _ in (0, 1))
+
+
+@pytest.mark.parametrize("name", ["mistral-nemo", "qwen2.5", "llama3.1", "phi3", "gemma3"])
+def test_conversation_ending_with_a_user_turn(tokenizers: Dict[str, Tuple[Any, Path]], name: str) -> None:
+    """Mistral-Nemo then writes the system prompt into that last user turn, after the earlier answers."""
+    fam = FAMILIES[name]
+    tok, _ = tokenizers[name]
+    conv = conversation(fam, 2, True, False) + [{"role": "user", "content": "Thanks!"}]
+    res = encode(tok, tok.chat_template, [{"messages": conv}])
+    assert not res.bad, res.bad
+    text = tok.apply_chat_template(conv, tokenize=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert (res.labels != IGNORE_INDEX).astype(int).tolist() == overlap_mask(enc["offset_mapping"],
+                                                                              oracle_spans(fam, text))
+
+
+def test_an_answer_that_also_occurs_in_the_templates_own_text(tokenizers: Dict[str, Tuple[Any, Path]]) -> None:
+    """Qwen2.5's default system prompt ends "You are a helpful assistant.": the same answer is found in its turn."""
+    tok, _ = tokenizers["qwen2.5"]
+    conv = [{"role": "user", "content": "You"}, {"role": "assistant", "content": "You are a helpful assistant."}]
+    res = encode(tok, tok.chat_template, [{"messages": conv}])
+    text = tok.apply_chat_template(conv, tokenize=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert (res.labels != IGNORE_INDEX).astype(int).tolist() == overlap_mask(enc["offset_mapping"],
+                                                                              oracle_spans(FAMILIES["qwen2.5"], text))
