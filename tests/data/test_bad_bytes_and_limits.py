@@ -9,10 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from fsdp_workflow.config.schema import DataFormat, DataSource, OnBadRecord
+from fsdp_workflow.config.schema import DataSource, OnBadRecord
 from fsdp_workflow.data import prepare as prepare_mod
 from fsdp_workflow.data import sources
 from fsdp_workflow.data.prepare import main, prepare
