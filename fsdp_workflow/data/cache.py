@@ -5,13 +5,16 @@ every rank with ``np.load(..., mmap_mode="r")``, so RAM per rank does not grow
 with the corpus. Readable with numpy alone (docs/data.md)::
 
     CACHE/                          one directory per cache key
-      meta.json                     format_version, key, seq_len, counts, what built it
+      meta.json                     format_version, key, seq_len, counts, what built it,
+                                    source_files, and "check": each array file's size and sampled sha256
       train/ eval/                  one directory per split (eval/ may be absent)
         tokens.npy     int32 [T]    every document's token ids, documents back to back
         labels.npy     int32 [T]    the token id where it carries loss, else -100
                                     (aligned with tokens; the model shifts by one itself)
         doc_offsets.npy int64 [D+1] document d is tokens[doc_offsets[d]:doc_offsets[d+1]]
         sample_docs.npy int64 [S+1] packed sample s is documents sample_docs[s]:sample_docs[s+1]
+        doc_sources.npy int64 [D,2] document d came from meta["source_files"][doc_sources[d,0]],
+                                    line (row, text block start) doc_sources[d,1]
 
 A packed sample is whole documents only (a document never straddles two
 samples), padded to ``seq_len`` when read. Position ids restart at 0 at every
@@ -21,11 +24,15 @@ The first token of every document has label -100 too: nothing predicts across a
 document boundary.
 
 The directory is written under a temporary name and renamed into place, so a
-reader never sees half a cache.
+reader never sees half a cache. Every reader checks it first
+(:func:`verify_cache`): each array file's size, and a sha256 over a fixed sample
+of its blocks (cheap at any size), against ``meta.json``. A truncated or
+overwritten file is found before training, and prepare rebuilds it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -35,10 +42,14 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: doc_sources.npy and the "check" entry of meta.json
 META_FILE = "meta.json"
 SPLITS = ("train", "eval")
 TOKENS, LABELS, DOC_OFFSETS, SAMPLE_DOCS = "tokens.npy", "labels.npy", "doc_offsets.npy", "sample_docs.npy"
+DOC_SOURCES = "doc_sources.npy"
+ARRAYS = (TOKENS, LABELS, DOC_OFFSETS, SAMPLE_DOCS, DOC_SOURCES)
+CHECK_BLOCK = 1 << 16  # bytes hashed per sampled block
+CHECK_BLOCKS = 32  # blocks sampled per file, evenly spaced, plus the last one
 IGNORE_INDEX = -100  # the label of a token without loss (PyTorch's cross-entropy default)
 
 JsonValue = Union[str, int, float, bool, None, List["JsonValue"], Dict[str, "JsonValue"]]
@@ -75,8 +86,64 @@ def pack_documents(lengths: Sequence[int], seq_len: int) -> np.ndarray:
     return np.asarray(bounds, dtype=np.int64)
 
 
+def sampled_sha256(path: Path) -> str:
+    """sha256 over a file's size and :data:`CHECK_BLOCKS` evenly spaced blocks plus its last block.
+
+    Reads at most about 2 MiB whatever the size: cheap enough for every rank at every start.
+    """
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        starts = sorted({min(i * size // CHECK_BLOCKS, max(size - CHECK_BLOCK, 0)) for i in range(CHECK_BLOCKS)}
+                        | {max(size - CHECK_BLOCK, 0)})
+        for start in starts:
+            fh.seek(start)
+            h.update(fh.read(CHECK_BLOCK))
+    return h.hexdigest()
+
+
+def check_entries(cache_dir: Path) -> Dict[str, Dict[str, JsonValue]]:
+    """``{"train/tokens.npy": {"bytes": n, "sampled_sha256": hex}, ...}`` for every array file of the cache."""
+    out: Dict[str, Dict[str, JsonValue]] = {}
+    for split in SPLITS:
+        for name in ARRAYS:
+            p = cache_dir / split / name
+            if p.is_file():
+                out[f"{split}/{name}"] = {"bytes": p.stat().st_size, "sampled_sha256": sampled_sha256(p)}
+    return out
+
+
+def verify_cache(cache_dir: Path, meta: Dict[str, JsonValue]) -> None:
+    """Check every array file of a cache against its metadata's sizes and sampled checksums.
+
+    Args:
+        cache_dir: the cache directory.
+        meta: its ``meta.json``.
+
+    Raises:
+        CacheError: a file is missing, has another size, or another checksum (named, with both values).
+    """
+    expected = meta.get("check")
+    if not isinstance(expected, dict) or not expected:
+        raise CacheError(f"{cache_dir}: {META_FILE} records no sizes or checksums; prepare it again")
+    problems: List[str] = []
+    for rel, want in sorted(expected.items()):
+        p = cache_dir / rel
+        if not p.is_file():
+            problems.append(f"{rel} is missing")
+            continue
+        size = p.stat().st_size
+        if size != want.get("bytes"):
+            problems.append(f"{rel} has {size} bytes, {META_FILE} says {want.get('bytes')} (truncated or replaced)")
+        elif sampled_sha256(p) != want.get("sampled_sha256"):
+            problems.append(f"{rel} does not match its checksum (its content changed after prepare)")
+    if problems:
+        raise CacheError(f"{cache_dir}: the token cache is damaged: " + "; ".join(problems) +
+                         "; prepare it again (prepare rebuilds a damaged cache)")
+
+
 def write_split(directory: Path, docs_tokens: Sequence[np.ndarray], docs_labels: Sequence[np.ndarray],
-                seq_len: int) -> Dict[str, int]:
+                seq_len: int, doc_sources: Optional[np.ndarray] = None) -> Dict[str, int]:
     """Write one split from per-document arrays (already in packing order).
 
     Args:
@@ -84,6 +151,7 @@ def write_split(directory: Path, docs_tokens: Sequence[np.ndarray], docs_labels:
         docs_tokens: int token ids of each document.
         docs_labels: the labels of each document (same lengths; -100 where no loss).
         seq_len: tokens per packed sample.
+        doc_sources: int64 ``[D, 2]``, each document's (index into ``meta["source_files"]``, line).
 
     Returns:
         Counts: ``documents``, ``samples``, ``tokens``, ``trained_tokens``.
@@ -100,6 +168,9 @@ def write_split(directory: Path, docs_tokens: Sequence[np.ndarray], docs_labels:
     np.save(directory / LABELS, labels)
     np.save(directory / DOC_OFFSETS, offsets)
     np.save(directory / SAMPLE_DOCS, sample_docs)
+    if doc_sources is None:
+        doc_sources = np.full((len(lengths), 2), -1, dtype=np.int64)
+    np.save(directory / DOC_SOURCES, np.asarray(doc_sources, dtype=np.int64).reshape(len(lengths), 2))
     return {"documents": int(len(lengths)), "samples": int(len(sample_docs) - 1), "tokens": int(tokens.size),
             "trained_tokens": int((labels != IGNORE_INDEX).sum())}
 
@@ -110,7 +181,7 @@ def commit_cache(tmp: Path, final: Path, meta: Dict[str, JsonValue]) -> Path:
     Returns:
         ``final``.
     """
-    meta = {"format_version": FORMAT_VERSION, **meta}
+    meta = {"format_version": FORMAT_VERSION, **meta, "check": check_entries(tmp)}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     try:
         os.rename(tmp, final)
@@ -168,13 +239,13 @@ class PackedSplit:
 
 
 class TokenCache:
-    """A prepared cache directory: ``meta.json`` plus its splits.
+    """A prepared cache directory: ``meta.json`` plus its splits, verified on opening.
 
     Raises:
-        CacheError: the directory is not a complete cache of this format version.
+        CacheError: the directory is not a complete cache of this format version, or a file is damaged.
     """
 
-    def __init__(self, path: Path, pad_id: int) -> None:
+    def __init__(self, path: Path, pad_id: int, verify: bool = True) -> None:
         self.path = Path(path)
         try:
             self.meta = json.loads((self.path / META_FILE).read_text())
@@ -183,8 +254,19 @@ class TokenCache:
         if self.meta.get("format_version") != FORMAT_VERSION:
             raise CacheError(f"{self.path}: cache format {self.meta.get('format_version')}, this version reads "
                              f"{FORMAT_VERSION}; prepare it again")
+        if verify:
+            verify_cache(self.path, self.meta)
         self.seq_len = int(self.meta["seq_len"])
         self.pad_id = pad_id
+
+    def source_of(self, split: str, doc: int) -> Optional[str]:
+        """``file:line`` of document ``doc`` of ``split`` (None when the cache does not know it)."""
+        files = self.meta.get("source_files") or []
+        try:
+            index, line = (int(x) for x in np.load(self.path / split / DOC_SOURCES, mmap_mode="r")[doc])
+        except (OSError, ValueError, IndexError):
+            return None
+        return f"{files[index]}:{line}" if 0 <= index < len(files) else None
 
     def split(self, name: str) -> Optional[PackedSplit]:
         """The ``train`` or ``eval`` split, or None when the cache has none (or it is empty)."""

@@ -21,9 +21,8 @@ import numpy as np
 
 from fsdp_workflow.config.schema import ModelConfig, Overlong
 from fsdp_workflow.data.cache import IGNORE_INDEX
-from fsdp_workflow.data.formats import (BadRecord, Document, FormatSpec, TemplateMismatch, parse_json_line,
-                                        to_document)
-from fsdp_workflow.data.sources import Chunk, DataError
+from fsdp_workflow.data.formats import BadRecord, Document, FormatSpec, parse_json_line, to_document
+from fsdp_workflow.data.sources import BadPayload, Chunk
 from fsdp_workflow.data.templates import compile_template
 
 
@@ -46,6 +45,8 @@ class ChunkResult:
     labels: np.ndarray  # int32, IGNORE_INDEX where no loss
     lengths: np.ndarray  # int64, one per kept document
     records: int = 0
+    path: str = ""  # the file the chunk came from
+    lines: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each kept document's line
     bad: List[Tuple[str, int, str]] = field(default_factory=list)  # (file, line, reason)
     truncated: int = 0
     dropped_overlong: int = 0
@@ -53,6 +54,7 @@ class ChunkResult:
 
 
 _STATE: Dict[str, Any] = {}
+CHARS_PER_TOKEN = 32  # a text longer than this x seq_len is tokenised from a prefix (see _tokenize)
 
 
 def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
@@ -62,10 +64,12 @@ def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
         from fsdp_workflow.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(spec.model)
+    template = compile_template(spec.fmt.template) if spec.fmt.template is not None else None
+    variables = template_variables(tokenizer)
+    if template is not None and not template.marked:
+        template.end_of_turn(tokenizer, **variables)  # once, here: a template without one is refused up front
     _STATE.clear()
-    _STATE.update(spec=spec, tokenizer=tokenizer,
-                  render=compile_template(spec.fmt.template) if spec.fmt.template is not None else None,
-                  variables=template_variables(tokenizer))
+    _STATE.update(spec=spec, tokenizer=tokenizer, render=template, variables=variables)
 
 
 def template_variables(tokenizer: Any) -> Dict[str, Any]:
@@ -74,44 +78,76 @@ def template_variables(tokenizer: Any) -> Dict[str, Any]:
 
 
 def trained_mask(offsets: np.ndarray, spans: List[Tuple[int, int]]) -> np.ndarray:
-    """Tokens whose character offsets overlap any span (an empty-offset token: lies inside one)."""
+    """Tokens whose characters overlap any span: exactly what ``return_assistant_tokens_mask`` marks."""
     mask = np.zeros(len(offsets), dtype=bool)
     if len(offsets) == 0:
         return mask
     s, e = offsets[:, 0], offsets[:, 1]
     for a, b in spans:
         if b > a:
-            mask |= ((s < b) & (e > a)) | ((s == e) & (s >= a) & (s < b))
+            mask |= (s < b) & (e > a)  # transformers' rule for return_assistant_tokens_mask
     return mask
+
+
+def _tokenize(tok: Any, texts: List[str], seq_len: int) -> List[Tuple[List[int], List[Tuple[int, int]]]]:
+    """Token ids and character offsets of each text; a long text only as far as ``seq_len`` needs.
+
+    A text longer than :data:`CHARS_PER_TOKEN` x ``seq_len`` characters is tokenised
+    from a prefix of that length. When more than ``seq_len`` tokens end in its first
+    half, those tokens are what the whole text gives (tokenisers split text into
+    words before merging, so a cut changes only the last words) and the document is
+    overlong either way: truncated or dropped, never tokenised whole. This is what
+    keeps a 50 MB record at a few times its size in memory, not gigabytes of offsets.
+    """
+    budget = max(CHARS_PER_TOKEN * seq_len, 4096)
+    short = [i for i, t in enumerate(texts) if len(t) <= budget]
+    out: List[Any] = [None] * len(texts)
+    if short:
+        enc = tok([texts[i] for i in short], add_special_tokens=False, return_offsets_mapping=True)
+        for i, ids, offs in zip(short, enc["input_ids"], enc["offset_mapping"]):
+            out[i] = (ids, offs)
+    for i, t in enumerate(texts):
+        if out[i] is None:
+            enc = tok(t[:budget], add_special_tokens=False, return_offsets_mapping=True)
+            ids, offs = enc["input_ids"], enc["offset_mapping"]
+            if len(ids) <= seq_len + 1 or offs[seq_len + 1][1] > budget // 2:
+                enc = tok(t, add_special_tokens=False, return_offsets_mapping=True)  # rare: very long tokens
+                ids, offs = enc["input_ids"], enc["offset_mapping"]
+            out[i] = (ids, offs)
+    return out
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
 
-    Raises:
-        DataError: the chat template cannot be used (not a per-record fault).
+    A record that cannot be used is listed in the result's ``bad`` with its file and line, never raised.
     """
     spec: EncodeSpec = _STATE["spec"]
     tok = _STATE["tokenizer"]
     path, rows = chunk
     docs: List[Document] = []
-    result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows))
+    result = ChunkResult(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), records=len(rows),
+                         path=path)
+    doc_lines: List[int] = []
     for line, payload in rows:
+        if isinstance(payload, BadPayload):
+            result.bad.append((path, line, payload.reason))
+            continue
         try:
             record = parse_json_line(payload) if spec.json_lines else payload
             docs.append(to_document(record, spec.fmt, _STATE["render"], _STATE["variables"]))
+            doc_lines.append(line)
         except BadRecord as err:
             result.bad.append((path, line, str(err)))
-        except TemplateMismatch as err:
-            raise DataError(f"{path}:{line}: {err}") from err
     if not docs:
         return result
-    enc = tok([d.text for d in docs], add_special_tokens=False, return_offsets_mapping=True)
+    encoded = _tokenize(tok, [d.text for d in docs], spec.seq_len)
     eos = tok.eos_token_id
     toks: List[np.ndarray] = []
     labs: List[np.ndarray] = []
     lengths: List[int] = []
-    for d, ids, offs in zip(docs, enc["input_ids"], enc["offset_mapping"]):
+    kept_lines: List[int] = []
+    for d, line, (ids, offs) in zip(docs, doc_lines, encoded):
         ids_a = np.asarray(ids, dtype=np.int32)
         mask = trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans)
         if d.eos:
@@ -131,7 +167,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         toks.append(ids_a)
         labs.append(np.where(mask, ids_a, IGNORE_INDEX).astype(np.int32))
         lengths.append(len(ids_a))
+        kept_lines.append(line)
     if toks:
+        result.lines = np.asarray(kept_lines, dtype=np.int64)
         result.tokens = np.concatenate(toks)
         result.labels = np.concatenate(labs)
         result.lengths = np.asarray(lengths, dtype=np.int64)

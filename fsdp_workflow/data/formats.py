@@ -7,11 +7,12 @@ an empty assistant turn, or no assistant turn at all).
 - ``text``: the text field; every token trained, EOS appended when ``data.add_eos``.
 - ``conversation``: ``messages: [{role, content}]`` or ShareGPT
   ``conversations: [{from, value}]`` (``human``->user, ``gpt``->assistant),
-  rendered by the chat template. The assistant spans are found by rendering
-  prefixes: turn i spans from the end of ``render(messages[:i],
-  add_generation_prompt=True)`` to the end of ``render(messages[:i+1])``. That
-  works for any template that renders a conversation prefix by prefix, with or
-  without ``{% generation %}`` markers.
+  rendered once by the chat template. The trained spans are its
+  ``{% generation %}`` blocks, or, for a template without them, each assistant
+  message's content plus the end-of-turn marker, found in that one rendering
+  (:mod:`fsdp_workflow.data.spans`). An assistant message may carry
+  ``reasoning_content``; it is passed to the template, which decides whether
+  to write it.
 - ``prompt_completion`` / ``alpaca``: with a chat template, a [user, assistant]
   conversation (plus the ``system`` field when the record has one); without,
   plain concatenation (the classic Alpaca prompt for ``alpaca``) and the
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from fsdp_workflow.config.schema import DataFormat, TrainOn
-from fsdp_workflow.data.templates import Renderer
+from fsdp_workflow.data.spans import SpanNotFound, assistant_spans
+from fsdp_workflow.data.templates import ChatTemplate
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
@@ -44,10 +46,6 @@ ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write 
 
 class BadRecord(ValueError):
     """One record cannot be used; the message says why (the caller adds file and line)."""
-
-
-class TemplateMismatch(ValueError):
-    """The chat template does not render a conversation prefix by prefix: spans cannot be found."""
 
 
 @dataclass
@@ -88,6 +86,9 @@ def _get_str(record: Mapping[str, Any], key: str, canonical: str, required: bool
     if key not in record or record[key] is None:
         if not required:
             return ""
+        if canonical == "text":  # format=text reads data.text_field (the planner refuses data.fields there)
+            raise BadRecord(f"no field {key!r} (data.text_field={key!r}); fields: {sorted(record)[:12]}. "
+                            "Name the field holding the text with data.text_field=NAME")
         mapped = "" if key == canonical else f" (data.fields.{canonical}={key!r})"
         raise BadRecord(f"no field {key!r}{mapped}; fields: {sorted(record)[:12]}. Map it with data.fields.{canonical}")
     value = record[key]
@@ -96,7 +97,7 @@ def _get_str(record: Mapping[str, Any], key: str, canonical: str, required: bool
     return value
 
 
-def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, str]]:
+def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any]]:
     key = spec.field("messages")
     raw = record.get(key)
     if raw is None and key == "messages":
@@ -107,7 +108,7 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, str
     if not isinstance(raw, list) or not raw:
         raise BadRecord(f"field {key!r} is not a non-empty list of messages")
     role_key, content_key = spec.field("role"), spec.field("content")
-    out: List[Dict[str, str]] = []
+    out: List[Dict[str, Any]] = []
     for n, m in enumerate(raw):
         if not isinstance(m, dict):
             raise BadRecord(f"message {n} is a {type(m).__name__}, not an object")
@@ -124,7 +125,11 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, str
             raise BadRecord(f"message {n} ({role}) has no string {content_key!r}. Map it with data.fields.content")
         if role == "assistant" and not content.strip():
             raise BadRecord(f"message {n} is an empty assistant turn")
-        out.append({"role": role, "content": content})
+        msg = {"role": role, "content": content}
+        reasoning = m.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning.strip():
+            msg["reasoning_content"] = reasoning
+        out.append(msg)
     system = record.get(spec.field("system"))
     if isinstance(system, str) and system.strip() and out[0]["role"] != "system":
         out.insert(0, {"role": "system", "content": system})
@@ -133,37 +138,35 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, str
     return out
 
 
-def conversation_spans(messages: List[Dict[str, str]], render: Renderer,
+def conversation_spans(messages: List[Dict[str, Any]], template: ChatTemplate,
                        variables: Mapping[str, Any]) -> Tuple[str, List[Tuple[int, int]]]:
-    """Render ``messages`` and find each assistant turn's character span by rendering prefixes.
+    """Render ``messages`` once and find the characters each assistant turn contributes.
 
     Returns:
-        The rendered text and one ``[start, end)`` span per assistant turn, in order.
+        The rendered text and the ``[start, end)`` spans to train, in order: the
+        ``{% generation %}`` blocks when the template has them, else one span per
+        assistant message (its content plus the end-of-turn marker, :mod:`fsdp_workflow.data.spans`).
 
     Raises:
-        TemplateMismatch: a prefix's rendering is not a prefix of the full rendering.
+        BadRecord: the template refuses the conversation (it raised), or an assistant turn is not in the rendering.
     """
-    full = render(messages, add_generation_prompt=False, **variables)
-    spans: List[Tuple[int, int]] = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = render(messages[:i], add_generation_prompt=True, **variables)
-        upto = render(messages[: i + 1], add_generation_prompt=False, **variables)
-        if not (full.startswith(upto) and upto.startswith(before)):
-            raise TemplateMismatch(
-                f"the chat template does not render conversations prefix by prefix (assistant turn {i}): "
-                "the rendering of the first turns is not a prefix of the whole. Use a template that renders "
-                "each turn on its own, e.g. data.chat_template=chatml")
-        spans.append((len(before), len(upto)))
-    return full, spans
+    try:
+        if template.marked:
+            return template.render_marked(messages, **variables)
+        full = template.render(messages, **variables)
+    except Exception as err:  # noqa: BLE001 - a template is user code: whatever it raises is about this record
+        raise BadRecord(f"the chat template refused this conversation ({type(err).__name__}: {err})") from err
+    try:
+        return full, assistant_spans(full, messages, template.end_of_turn(None, **variables), template.header)
+    except SpanNotFound as err:
+        raise BadRecord(str(err)) from err
 
 
 def _pick(spans: List[Tuple[int, int]], train_on: TrainOn) -> List[Tuple[int, int]]:
     return spans[-1:] if train_on == TrainOn.last_assistant else spans
 
 
-def to_document(record: Any, spec: FormatSpec, render: Optional[Renderer],
+def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
                 variables: Mapping[str, Any]) -> Document:
     """Turn one record into a :class:`Document`.
 
@@ -175,7 +178,6 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[Renderer],
 
     Raises:
         BadRecord: the record is unusable (see the module docstring).
-        TemplateMismatch: the template cannot be used for spans.
     """
     if spec.format == DataFormat.text:
         text = record if isinstance(record, str) else _get_str(_as_dict(record), spec.text_field, "text")
@@ -216,7 +218,7 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[Renderer],
     return _templated(messages, spec, render, variables)
 
 
-def _templated(messages: List[Dict[str, str]], spec: FormatSpec, render: Optional[Renderer],
+def _templated(messages: List[Dict[str, Any]], spec: FormatSpec, render: Optional[ChatTemplate],
                variables: Mapping[str, Any]) -> Document:
     assert render is not None, "a chat format without a template is refused before the workers start"
     text, spans = conversation_spans(messages, render, variables)

@@ -5,7 +5,8 @@
 Like Axolotl's preprocess debug output: each token is printed as
 ``piece(label, id)``; trained tokens are bracketed ``[piece](label, id)`` (and
 green on a terminal), the rest carry label -100. A line ``|| document d``
-marks each document boundary (positions restart at 0 there) and the padding
+marks each document boundary (positions restart at 0 there) with the
+``file:line`` the document came from, and the padding
 is summarised at the end. ``--json`` prints one object per sample with the
 token ids, decoded pieces, labels, position ids and trained flags.
 
@@ -25,7 +26,7 @@ import numpy as np
 from fsdp_workflow.config.schema import run_layout
 from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
-from fsdp_workflow.data.cache import IGNORE_INDEX, SPLITS, CacheError, PackedSplit
+from fsdp_workflow.data.cache import IGNORE_INDEX, SPLITS, CacheError, PackedSplit, TokenCache
 from fsdp_workflow.data.open import open_cache
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 GREEN, RESET = "\033[32m", "\033[0m"
 
 
-def sample_record(split: PackedSplit, index: int, tokenizer: Any) -> Dict[str, Any]:
-    """One packed sample as plain data: ids, pieces, labels, positions, trained flags, document spans."""
+def sample_record(split: PackedSplit, index: int, tokenizer: Any, cache: Optional[TokenCache] = None,
+                  split_name: str = SPLITS[0]) -> Dict[str, Any]:
+    """One packed sample as plain data: ids, pieces, labels, positions, trained flags, document spans and sources."""
     s = split.sample(index)
     first, last = int(split.sample_docs[index]), int(split.sample_docs[index + 1])
     bounds = np.asarray(split.doc_offsets[first:last + 1], dtype=np.int64)
@@ -44,6 +46,7 @@ def sample_record(split: PackedSplit, index: int, tokenizer: Any) -> Dict[str, A
     return {
         "sample": index,
         "documents": [[int(a - start), int(b - start)] for a, b in zip(bounds[:-1], bounds[1:])],
+        "sources": [cache.source_of(split_name, d) if cache is not None else None for d in range(first, last)],
         "num_tokens": n,
         "num_padding": len(ids) - n,
         "input_ids": ids,
@@ -60,7 +63,9 @@ def render_text(rec: Dict[str, Any], split_name: str, color: bool) -> str:
     out = [f"=== sample {rec['sample']} ({split_name}): {len(rec['documents'])} documents, {rec['num_tokens']} "
            f"tokens + {rec['num_padding']} padding, {trained} trained ==="]
     for d, (a, b) in enumerate(rec["documents"]):
-        out.append(f"|| document {d} (tokens {a}-{b - 1}, positions 0-{rec['position_ids'][b - 1]})")
+        src = rec.get("sources", [None] * len(rec["documents"]))[d]
+        where = f"{src}, " if src else ""
+        out.append(f"|| document {d} ({where}tokens {a}-{b - 1}, positions 0-{rec['position_ids'][b - 1]})")
         parts: List[str] = []
         for i in range(a, b):
             piece = json.dumps(rec["pieces"][i], ensure_ascii=False)[1:-1]  # newlines and tabs visible
@@ -100,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CacheError, FileNotFoundError, ValueError) as err:
         report_user_error(log, f"inspect: {err}", err)
         return EXIT_USAGE
-    records = [sample_record(split, i, tok) for i in range(min(args.n, split.num_samples))]
+    records = [sample_record(split, i, tok, cache, args.split) for i in range(min(args.n, split.num_samples))]
     if args.json:
         json.dump(records, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")

@@ -33,7 +33,8 @@ from fsdp_workflow.config.schema import DataFormat, DataSource, ModelInit, OnBad
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
 from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
-from fsdp_workflow.data.cache import FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, write_split
+from fsdp_workflow.data.cache import (FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, verify_cache,
+                                      write_split)
 from fsdp_workflow.data.encode import ChunkResult, EncodeSpec, encode_chunk, init_worker
 from fsdp_workflow.data.formats import FormatSpec
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 512  # records per worker task: big enough to amortise, small enough to balance
 MAX_BAD_SHOWN = 5
+PROGRESS_EVERY_S = 5.0  # a progress line at most this often (a log file gets lines, not a bar)
 # Files of a model directory that never change tokenisation (not hashed into the key).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 
@@ -122,8 +124,9 @@ def available_cpus() -> int:
 class _Progress:
     """Records/s and tokens, one log line every few seconds (a log file gets lines, not a bar)."""
 
-    def __init__(self, label: str, enabled: bool, every_s: float = 5.0) -> None:
-        self.label, self.enabled, self.every_s = label, enabled, every_s
+    def __init__(self, label: str, enabled: bool, every_s: Optional[float] = None) -> None:
+        self.label, self.enabled = label, enabled
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
         self.start = self.last = time.monotonic()
         self.records = self.tokens = 0
 
@@ -184,13 +187,15 @@ class _Docs:
     offsets: np.ndarray  # int64 [D+1]
     counts: Dict[str, int]
     bad: List[Tuple[str, int, str]]
+    sources: np.ndarray  # int64 [D, 2]: (index into the cache's source_files, line)
 
-    def take(self, index: np.ndarray) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    def take(self, index: np.ndarray) -> Tuple[List[np.ndarray], List[np.ndarray], np.ndarray]:
         o = self.offsets
-        return ([self.tokens[o[i]:o[i + 1]] for i in index], [self.labels[o[i]:o[i + 1]] for i in index])
+        return ([self.tokens[o[i]:o[i + 1]] for i in index], [self.labels[o[i]:o[i + 1]] for i in index],
+                self.sources[index])
 
 
-def _gather(results: List[ChunkResult]) -> _Docs:
+def _gather(results: List[ChunkResult], file_index: Dict[str, int]) -> _Docs:
     lengths = np.concatenate([r.lengths for r in results]) if results else np.zeros(0, np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -200,23 +205,30 @@ def _gather(results: List[ChunkResult]) -> _Docs:
               for k in ("records", "truncated", "dropped_overlong", "dropped_untrained")}
     bad = [b for r in results for b in r.bad]
     counts["bad_records"] = len(bad)
+    sources = np.zeros((len(lengths), 2), dtype=np.int64)
+    if results:
+        sources[:, 0] = np.concatenate([np.full(len(r.lines), file_index.get(r.path, -1), np.int64)
+                                        for r in results])
+        sources[:, 1] = np.concatenate([r.lines for r in results])
     results.clear()  # the per-chunk arrays are copied above: free them before the split is written
-    return _Docs(tokens, labels, offsets, counts, bad)
+    return _Docs(tokens, labels, offsets, counts, bad, sources)
 
 
-def _bad_report(bad: List[Tuple[str, int, str]]) -> str:
+def _bad_report(bad: List[Tuple[str, int, str]], fmt: DataFormat) -> str:
     lines = [f"  {f}:{line}: {why}" for f, line, why in bad[:MAX_BAD_SHOWN]]
     more = f"\n  ... and {len(bad) - MAX_BAD_SHOWN} more" if len(bad) > MAX_BAD_SHOWN else ""
+    names = "name the text field with data.text_field" if fmt == DataFormat.text else \
+        "map the field names with data.fields.*"
     return (f"{len(bad)} bad record(s):\n" + "\n".join(lines) + more +
-            "\nFix the data, map the field names with data.fields.*, or set data.on_bad_record=skip to leave "
+            f"\nFix the data, {names}, or set data.on_bad_record=skip to leave "
             "them out (they are counted in the cache's meta.json).")
 
 
 def _read_split(cfg: WorkflowConfig, files: Sequence[str], key_name: str, spec: EncodeSpec, tokenizer: Any,
-                workers: int, progress: bool) -> _Docs:
+                workers: int, progress: bool, file_index: Dict[str, int]) -> _Docs:
     prog = _Progress(key_name, progress)
     chunks = iter_chunks(cfg.data.source, files, key_name, CHUNK_RECORDS)
-    docs = _gather(_encode_all(chunks, spec, tokenizer, workers, prog.add))
+    docs = _gather(_encode_all(chunks, spec, tokenizer, workers, prog.add), file_index)
     if progress:
         prog.report()
     return docs
@@ -301,11 +313,14 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     fmt = FormatSpec(d.format, d.text_field, dict(d.fields), d.train_on, d.add_eos, template)
     spec = EncodeSpec(cfg.model, fmt, d.source == DataSource.jsonl, cfg.train.seq_len, d.overlong)
     t0 = time.monotonic()
-    train = _read_split(cfg, files, "data.path", spec, tokenizer, workers, progress)
-    held = _read_split(cfg, eval_files, "data.eval_path", spec, tokenizer, workers, progress) if eval_files else None
+    source_files = [str(f) for f in files] + [str(f) for f in eval_files]
+    file_index = {f: i for i, f in enumerate(source_files)}
+    train = _read_split(cfg, files, "data.path", spec, tokenizer, workers, progress, file_index)
+    held = (_read_split(cfg, eval_files, "data.eval_path", spec, tokenizer, workers, progress, file_index)
+            if eval_files else None)
     bad = train.bad + (held.bad if held else [])
     if bad and d.on_bad_record == OnBadRecord.fail:
-        raise DataError(_bad_report(bad))
+        raise DataError(_bad_report(bad, d.format))
     n_docs = len(train.offsets) - 1
     if n_docs == 0:
         raise DataError(f"data.path={d.path!r}: no usable documents"
@@ -327,9 +342,12 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         splits: Dict[str, Dict[str, int]] = {}
-        splits[SPLITS[0]] = write_split(tmp / SPLITS[0], *train.take(train_idx), cfg.train.seq_len)
+        toks, labs, srcs = train.take(train_idx)
+        splits[SPLITS[0]] = write_split(tmp / SPLITS[0], toks, labs, cfg.train.seq_len, srcs)
         if held_src is not None and len(held_idx):
-            splits[SPLITS[1]] = write_split(tmp / SPLITS[1], *held_src.take(held_idx), cfg.train.seq_len)
+            toks, labs, srcs = held_src.take(held_idx)
+            splits[SPLITS[1]] = write_split(tmp / SPLITS[1], toks, labs, cfg.train.seq_len, srcs)
+        del toks, labs, srcs
         counts = {k: train.counts[k] + (held.counts[k] if held else 0) for k in train.counts}
         meta: Dict[str, Any] = {
             "key": key, "seq_len": cfg.train.seq_len, "splits": splits, **counts,
@@ -337,6 +355,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
             "overlong": d.overlong.value, "tokenizer": src, "tokenizer_sha256": tok_id,
             "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
             "chat_template": template, "files": [str(f) for f in files], "eval_files": [str(f) for f in eval_files],
+            "source_files": source_files,
             "workers": workers, "seconds": round(time.monotonic() - t0, 3),
         }
         commit_cache(tmp, final, meta)
@@ -356,13 +375,32 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
 
 
 def _existing(final: Path, key: str) -> Optional[Dict[str, Any]]:
+    """The meta of a sound cache with this key at ``final``; None after moving away anything else found there.
+
+    A damaged cache (a file truncated or changed, :func:`verify_cache`), one of
+    another format version or key, or a directory without a readable meta is
+    never reused: it is removed so that the rebuilt one can take its place.
+    """
+    if not final.exists():
+        return None
+    why = ""
     try:
         meta = json.loads((final / META_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("key") != key or meta.get("format_version") != FORMAT_VERSION:
-        return None
-    return meta
+        if meta.get("key") != key or meta.get("format_version") != FORMAT_VERSION:
+            why = f"format {meta.get('format_version')} / key {str(meta.get('key'))[:16]}"
+        else:
+            verify_cache(final, meta)
+            return meta
+    except (OSError, ValueError) as err:  # CacheError is a ValueError
+        why = str(err)
+    log.warning("prepare: not reusing %s (%s); rebuilding it", final, why)
+    aside = final.with_name(f".{final.name}.stale.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        os.rename(final, aside)
+    except FileNotFoundError:
+        return None  # another prepare moved it first
+    shutil.rmtree(aside, ignore_errors=True)
+    return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,7 +6,9 @@ sources, the first line of the block for text files). Sources:
 
 - ``text``: ``.txt``/``.md``/``.text`` files, one record per blank-line separated block;
 - ``jsonl``: JSON lines (``.jsonl``/``.json``), one record per non-empty line,
-  parsed by the workers (the reading process only splits lines);
+  read as bytes and decoded line by line (a line that is not UTF-8, or larger
+  than :data:`MAX_RECORD_BYTES`, is a bad record named by its line), parsed by
+  the workers;
 - ``parquet``: rows of ``.parquet`` files (needs pyarrow);
 - ``hf_disk``: a dataset written by ``datasets``' ``save_to_disk`` (the ``train``
   split of a ``DatasetDict``, or its only one).
@@ -26,8 +28,23 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 
 
+# The largest record read (a JSON line, a text block), in bytes. A larger one is a bad
+# record (named by file:line; data.on_bad_record=skip leaves it out) and is skipped
+# without being held in memory. docs/data.md ("Limits") documents it.
+MAX_RECORD_BYTES = 64 << 20
+CHUNK_BYTES = 32 << 20  # a chunk handed to a worker holds at most about this much text
+_BOM = b"\xef\xbb\xbf"
+
+
 class DataError(ValueError):
     """The data (or the data config) is unusable; the message names the file, line and fix."""
+
+
+@dataclass(frozen=True)
+class BadPayload:
+    """A record the reader could not even hand over (not UTF-8, too large); the worker lists it as bad."""
+
+    reason: str
 
 
 # A chunk: (file, [(line, payload)]). The payload is a text block (text), a raw
@@ -87,27 +104,73 @@ def describe_files(source: DataSource, files: Sequence[str]) -> List[SourceFile]
     return out
 
 
-def _text_blocks(f: str) -> Iterator[Tuple[int, str]]:
-    """Blank-line separated blocks of a text file, stripped, with the line each starts on."""
-    with open(f, encoding="utf-8") as fh:
-        text = fh.read()
+def _decode(raw: bytes) -> Any:
+    """``raw`` as text, or a :class:`BadPayload` saying where it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return BadPayload(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1} ({err.reason}). "
+                          "Re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def _too_large(size: int) -> BadPayload:
+    return BadPayload(f"the record is {size / 2**20:.1f} MiB, over the {MAX_RECORD_BYTES / 2**20:g} MiB limit on "
+                      "one record (docs/data.md, Limits). Split it, or leave it out")
+
+
+def _text_blocks(f: str) -> Iterator[Tuple[int, Any]]:
+    """Blank-line separated blocks of a text file, stripped, with the line each starts on (bytes decoded per block)."""
+    with open(f, "rb") as fh:
+        data = fh.read()
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
     line = 1
-    for block in text.split("\n\n"):
+    for block in data.split(b"\n\n"):
         stripped = block.strip()
         if stripped:
             lead = block[: len(block) - len(block.lstrip())]
-            yield line + lead.count("\n"), stripped
-        line += block.count("\n") + 2
+            at = line + lead.count(b"\n")
+            yield at, (_too_large(len(stripped)) if len(stripped) > MAX_RECORD_BYTES else _decode(stripped))
+        line += block.count(b"\n") + 2
+
+
+def _json_lines(f: str) -> Iterator[Tuple[int, Any]]:
+    """Non-empty lines of a JSON-lines file, read as bytes and decoded one by one.
+
+    A line over :data:`MAX_RECORD_BYTES` is skipped in pieces (never held whole) and
+    reported as a :class:`BadPayload`, as is one that is not UTF-8.
+    """
+    limit = MAX_RECORD_BYTES
+    with open(f, "rb") as fh:
+        n = 0
+        while True:
+            raw = fh.readline(limit + 1)
+            if not raw:
+                return
+            n += 1
+            if n == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                size = len(raw)
+                while raw and not raw.endswith(b"\n"):
+                    raw = fh.readline(1 << 20)
+                    size += len(raw)
+                yield n, _too_large(size)
+                continue
+            if raw.strip():
+                yield n, _decode(raw)
+
+
+def payload_bytes(payload: Any) -> int:
+    """About how much memory a payload holds (text only; parsed rows count as nothing)."""
+    return len(payload) if isinstance(payload, str) else 0
 
 
 def _rows(source: DataSource, f: str, key: str) -> Iterator[Tuple[int, Any]]:
     if source == DataSource.text:
         yield from _text_blocks(f)
     elif source == DataSource.jsonl:
-        with open(f, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    yield n, line
+        yield from _json_lines(f)
     elif source == DataSource.parquet:
         try:
             import pyarrow.parquet as pq
@@ -137,13 +200,18 @@ def _rows(source: DataSource, f: str, key: str) -> Iterator[Tuple[int, Any]]:
 
 
 def iter_chunks(source: DataSource, files: Sequence[str], key: str, chunk_records: int) -> Iterator[Chunk]:
-    """Records of ``files`` in order, ``chunk_records`` at a time (a chunk never spans two files)."""
+    """Records of ``files`` in order, ``chunk_records`` (or :data:`CHUNK_BYTES` of text) at a time.
+
+    A chunk never spans two files.
+    """
     for f in files:
         rows: List[Tuple[int, Any]] = []
+        size = 0
         for row in _rows(source, f, key):
             rows.append(row)
-            if len(rows) >= chunk_records:
+            size += payload_bytes(row[1])
+            if len(rows) >= chunk_records or size >= CHUNK_BYTES:
                 yield f, rows
-                rows = []
+                rows, size = [], 0
         if rows:
             yield f, rows

@@ -57,3 +57,18 @@ def test_unprepared_run_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixt
     run_layout(cfg).config.write_text(to_yaml(cfg))
     assert main([str(tmp_path / "run")]) == 2
     assert "python -m fsdp_workflow.data.prepare" in capsys.readouterr().err
+
+
+def test_inspect_shows_each_documents_file_and_line(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every cached document traces back to its source: inspect prints file:line, --json lists them."""
+    assert main([str(run), "-n", "4"]) == 0
+    out = capsys.readouterr().out
+    shown = sorted(int(m) for m in __import__("re").findall(r"chat\.jsonl:(\d+), tokens", out))
+    assert shown == [1, 2, 3, 4]  # every document of every sample, each from its own line
+    assert main([str(run), "-n", "1", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)[0]
+    for src, (a, b) in zip(s["sources"], s["documents"]):
+        line = int(src.rsplit(":", 1)[1])
+        assert src.rsplit(":", 1)[0].endswith("chat.jsonl")
+        text = "".join(s["pieces"][a:b])
+        assert f"q{line - 1}" in text and f"a{line - 1}" in text  # line n holds CHAT[n - 1]

@@ -159,3 +159,38 @@ def test_byte_level_chatml_end_to_end(tmp_path: Path) -> None:
                       for c in CONVERSATIONS)
     assert trained == expected
     assert p.meta["chat_template"] == SHIPPED_TEMPLATES["chatml"]
+
+
+# {% generation %} templates whose text between turns lies outside the markers: the mask must leave it out.
+MARKED = {
+    "chatml-newline-outside": (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+        "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+    "default-system-and-trim": (
+        "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim }}"
+        "{{ '<|im_end|>' }}{% endgeneration %}\n{% else %}{{ message['content'] | trim + '<|im_end|>\\n' }}"
+        "{% endif %}{% endfor %}"),
+    "last-turn-differs": (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['role'] == 'assistant' %}{% if loop.last %}{{ '<think></think>' }}{% endif %}"
+        "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+        "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MARKED))
+def test_generation_markers_give_exactly_transformers_assistant_mask(bpe: Any, name: str) -> None:
+    """One render; the trained tokens are exactly return_assistant_tokens_mask, text after endgeneration untrained."""
+    template = MARKED[name]
+    for conv in CONVERSATIONS:
+        ours = _encode(bpe, [{"messages": conv}], DataFormat.conversation, template)[0]
+        peer = bpe.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                       chat_template=template)
+        assert ours[0].tolist() == list(peer["input_ids"])
+        assert ours[1].astype(int).tolist() == list(peer["assistant_masks"])
+        trained = _trained_text(bpe, *ours)
+        assert all(run.endswith("<|im_end|>") for run in trained)  # the newline between turns is not trained
