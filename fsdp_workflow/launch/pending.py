@@ -59,25 +59,32 @@ def read_queue(job_ids: Sequence[str]) -> Optional[Dict[str, Tuple[str, str]]]:
 
 
 def watch(jobs: Sequence[Tuple[SbatchJob, str]], seconds: float = WATCH_S) -> List[Stuck]:
-    """Poll the jobs' pending reasons until each has one, a "never" shows, or ``seconds`` pass.
+    """Poll the jobs' pending reasons until each has one, or ``seconds`` pass.
+
+    A job refused at submission's immediate scheduling attempt first shows a
+    coarse reason (PartitionConfig) that the next scheduling pass makes precise
+    (PartitionTimeLimit): once a "never" shows, the poll runs to the end so the
+    message carries the precise one. A chain that fits returns as soon as every
+    job has a reason.
 
     Args:
         jobs: (job, id) for each job of the chain as submitted.
         seconds: the longest wait.
 
     Returns:
-        The jobs whose reason means "never" (empty: nothing is known to be stuck).
+        The jobs whose latest reason means "never" (empty: nothing is known to be stuck).
     """
     ids = {job_id: job for job, job_id in jobs}
     deadline = time.monotonic() + seconds
+    stuck: List[Stuck] = []
     while True:
         queue = read_queue(list(ids))
         if queue is None:
-            return []
+            return stuck
         stuck = [Stuck(ids[i], i, explain(reason)) for i, (state, reason) in queue.items()
                  if state == "PENDING" and i in ids and explain(reason).never]
         settled = all(state != "PENDING" or reason not in ("None", "") for state, reason in queue.values())
-        if stuck or settled or time.monotonic() >= deadline:
+        if (settled and not stuck) or time.monotonic() >= deadline:
             return stuck
         time.sleep(POLL_S)
 
@@ -95,10 +102,17 @@ def cancel_and_wait(job_ids: Sequence[str]) -> List[str]:
 
 
 def issues(cfg: WorkflowConfig, stuck: Sequence[Stuck]) -> List[Issue]:
-    """Each stuck job as a config issue: the key to change, Slurm's reason in words, the fix."""
-    out = []
+    """The stuck jobs as config issues, one per (key, reason): the key to change, the reason in words, the fix."""
+    grouped: Dict[Tuple[str, str], List[Stuck]] = {}
+    values: Dict[str, object] = {}
     for s in stuck:
         key, value = option_key(cfg, s.job, _OPTION.get(s.reason.code.split(",")[0], "partition"))
-        out.append(Issue(key, value, f"Slurm keeps the {NOUN[s.job.role]} job {s.job_id} PENDING "
-                                     f"({s.reason.code}): {s.reason.words}; it would never start", s.reason.fix))
+        values[key] = value
+        grouped.setdefault((key, s.reason.code), []).append(s)
+    out = []
+    for (key, code), group in grouped.items():
+        jobs = ", ".join(f"{NOUN[s.job.role]} job {s.job_id}" for s in group)
+        reason = group[0].reason
+        out.append(Issue(key, values[key], f"Slurm keeps the {jobs} PENDING ({code}): {reason.words}; "
+                                           "it would never start", reason.fix))
     return out
