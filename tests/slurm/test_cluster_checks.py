@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,11 @@ def short(slurm_cluster):
     name = f"short{os.getpid() % 100000}"
     su._run(["scontrol", "create", f"PartitionName={name}", "Nodes=ALL", "MaxTime=5"])
     yield name
-    su._run(["scontrol", "delete", f"PartitionName={name}"], check=False)
+    su._run(["scancel", "-p", name], check=False)  # a failing test may have left jobs there
+    for _ in range(60):  # a partition with jobs in it cannot be deleted
+        if su._run(["scontrol", "delete", f"PartitionName={name}"], check=False).returncode == 0:
+            break
+        time.sleep(0.5)
 
 
 @pytest.fixture
