@@ -35,6 +35,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "evaluate": {"core", "config", "consolidate", "train", "data"},
     "status": {"core", "config", "data"},
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
+    "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
     "__init__": set(),
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"

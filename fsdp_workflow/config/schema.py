@@ -332,6 +332,11 @@ class ClusterConfig:
     # PYTHONPATH (natively and in containers), so a queued job runs the code that was submitted
     # (docs/slurm.md, "Code snapshot"). false: jobs import whatever is installed when they start.
     code_snapshot: bool = True
+    # Before submitting, read the partitions, nodes and QoS/association limits (scontrol, sinfo, sacctmgr) and
+    # refuse a chain Slurm would queue but never start (docs/slurm.md, "What is checked before the queue").
+    # false: submit without reading them (a site where these commands are restricted); pending reasons that
+    # mean "never" are still read right after submitting.
+    check_limits: bool = True
     # Slurm: consolidation job (CPU only)
     consolidate_partition: Optional[str] = None  # None: partition
     consolidate_time_min: int = bounded(60, ge=1)

@@ -13,17 +13,28 @@ for byte, the ``train.sbatch`` / ``consolidate.sbatch`` in the run directory.
 That is why submission does not go through submitit's executor: it writes a
 batch script of its own around a pickled function, which is not the script a
 user reads when a job fails (docs/slurm.md).
+
+Before the first sbatch, every job is checked against the cluster's partitions,
+nodes and QoS (:mod:`fsdp_workflow.launch.cluster_check`); right after the last,
+the jobs' pending reasons are read (:mod:`fsdp_workflow.launch.pending`). Either
+refusing exits 2 with the key to change, and leaves no job in the queue.
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from fsdp_workflow.config.errors import ConfigError, Issue
 from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
+from fsdp_workflow.launch import pending
+from fsdp_workflow.launch.cluster_check import check_chain, skipped_line
+from fsdp_workflow.launch.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
 from fsdp_workflow.plan.render import shell_join
 
@@ -34,6 +45,17 @@ SBATCH_TIMEOUT_S = 120  # a busy controller can take a while; never hang the log
 
 class SubmissionError(RuntimeError):
     """sbatch refused a job; the message says which and why."""
+
+
+class ClusterLimitError(ConfigError):
+    """The chain asks for what the cluster never gives: a config error, found against the cluster (exit 2)."""
+
+    def __init__(self, issues: List[Issue], note: str = "") -> None:
+        super().__init__(issues)
+        self.note = note
+
+    def __str__(self) -> str:
+        return super().__str__() + (f"\n  {self.note}" if self.note else "")
 
 
 @dataclass(frozen=True)
@@ -102,14 +124,67 @@ def _id_of(submitted: List[Submitted], role: Optional[str]) -> str:
     return next(s.job_id for s in submitted if s.job.role == role)
 
 
+def check_limits(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
+    """Judge every job of the chain against the cluster's limits; print the warnings.
+
+    Skipped, with a line saying how to run it later, when Slurm does not answer
+    (sbatch will say the same) or ``cluster.check_limits=false``.
+
+    Raises:
+        ClusterLimitError: a job could never start; nothing is submitted.
+    """
+    if not cfg.cluster.check_limits:
+        log.info("fsdp_workflow: cluster checks off (cluster.check_limits=false)")
+        return
+    try:
+        limits = read_cluster()
+    except ClusterUnreachable as err:
+        log.warning("fsdp_workflow: warning: %s", skipped_line(str(plan.run_dir), why=str(err)))
+        return
+    report = check_chain(cfg, plan, limits)
+    for warning in report.warnings:
+        log.warning("fsdp_workflow: warning: %s", warning.format())
+    if report.errors:
+        raise ClusterLimitError(report.errors, "checked against the cluster before submitting (scontrol, sacctmgr); "
+                                "nothing was submitted. To submit anyway: cluster.check_limits=false")
+
+
+def refuse_never_starting(cfg: WorkflowConfig, submitted: List[Submitted]) -> None:
+    """Read the pending reasons just after submitting; cancel the whole chain if one means "never".
+
+    Raises:
+        ClusterLimitError: a job can never start; every job of the chain was cancelled.
+    """
+    stuck = pending.watch([(s.job, s.job_id) for s in submitted])
+    if not stuck:
+        return
+    ids = [s.job_id for s in submitted]
+    left = pending.cancel_and_wait(ids)
+    note = f"cancelled the whole chain ({', '.join(ids)}): none of it stays in the queue."
+    if left:
+        note = f"cancelled the chain, but squeue still lists {', '.join(left)}: run scancel {' '.join(left)}."
+    raise ClusterLimitError(pending.issues(cfg, stuck), note)
+
+
+def _print_config_error(err: ClusterLimitError) -> int:
+    # The same shape as the CLI's other invalid configs (__main__._fail_config), printed, not logged.
+    print(f"fsdp_workflow: invalid config\n{err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
-    """Submit the chain, record it in RUN_DIR/jobs.txt, print how to follow it; never waits.
+    """Check the chain against the cluster, submit it, record it in RUN_DIR/jobs.txt; never waits for it to run.
 
     Returns:
-        0 when every job was submitted, 1 otherwise (a message says why).
+        0 when every job was submitted; 2 when the cluster could never start it (nothing
+        left in the queue); 1 when sbatch refused a job (a message says why).
     """
     try:
+        check_limits(cfg, plan)
         submitted = submit_chain(plan)
+        refuse_never_starting(cfg, submitted)
+    except ClusterLimitError as err:
+        return _print_config_error(err)
     except SubmissionError as err:
         log.error("fsdp_workflow: submission failed: %s", err)
         return 1

@@ -41,3 +41,15 @@ def test_log_dir_is_where_every_job_writes(tmp_path: Path) -> None:
     plan = _plan(tmp_path, f"cluster.log_dir='{logs}'", "consolidate.every_checkpoint=true")
     jobs = [*plan.chain, plan.eval_job]
     assert all(j is not None and Path(j.path_options["output"]).parent == logs for j in jobs)
+
+
+def test_without_slurm_the_cluster_checks_are_skipped_with_how_to_run_them(tmp_path: Path, monkeypatch,
+                                                                             caplog) -> None:
+    from fsdp_workflow.launch.slurm import check_limits
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={tmp_path / 'run'}"])
+    with caplog.at_level("WARNING"):
+        check_limits(cfg, build_plan(cfg))  # no raise: sbatch will say the same, and the message says how to check
+    assert "cluster checks skipped (scontrol not found on PATH)" in caplog.text
+    assert f"python -m fsdp_workflow.check {tmp_path / 'run'}" in caplog.text

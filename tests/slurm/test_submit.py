@@ -20,7 +20,10 @@ def _train_ids_named(name: str) -> list:
 def test_cli_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "refused"
     # data=synthetic: no prepare job, so the chain is training then consolidation
-    proc = ph.run_cli(run_dir, "data=synthetic", "cluster.consolidate_partition=nosuchpartition", "name=refused1")
+    # cluster.check_limits=false: sbatch itself refuses (the cluster checks would refuse first, exit 2,
+    # tests/slurm/test_cluster_checks.py); what is tested here is that nothing stays half-submitted.
+    proc = ph.run_cli(run_dir, "data=synthetic", "cluster.consolidate_partition=nosuchpartition", "name=refused1",
+                      "cluster.check_limits=false")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "sbatch refused the consolidation job" in proc.stderr
     assert "invalid partition" in proc.stderr.lower()
@@ -31,7 +34,8 @@ def test_cli_refused_consolidation_cancels_the_training_job(slurm_cluster, tmp_p
 
 
 def test_cli_refused_training_names_the_problem(slurm_cluster, tmp_path):
-    proc = ph.run_cli(tmp_path / "r", "cluster.partition=nosuchpartition", "cluster.consolidate_partition=debug")
+    proc = ph.run_cli(tmp_path / "r", "cluster.partition=nosuchpartition", "cluster.consolidate_partition=debug",
+                      "cluster.check_limits=false")
     assert proc.returncode == 1
     assert "sbatch refused the training job" in proc.stderr and "partition" in proc.stderr.lower()
     # the data preparation job, submitted first, does not stay behind
