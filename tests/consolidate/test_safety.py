@@ -174,7 +174,8 @@ def test_existing_output_is_never_touched(trained, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(trained / "llama"), str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: ") and "already exists" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and "OUT exists and is not a model written by this tool" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
