@@ -22,7 +22,7 @@ from .casting import CLI_DTYPES
 from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .options import check_options, out_exists_problem
 from .report import VerificationReport
-from .source import Selection, resolve_source
+from .source import Selection, locate_source, open_source
 from .steps import (
     WriteSettings,
     commit_output,
@@ -126,12 +126,13 @@ def consolidate(
                               overwrite=overwrite)
     committed = removed = False
     try:
+        selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
+        located = locate_source(Path(src), out, selection)  # OUT apart from the checkpoints before the lock file is made
         with _lock_output(out):
             problem = out_exists_problem(out, overwrite)  # again, under the lock: an earlier holder may have written it
             if problem:
                 raise OutputExistsError(problem)
-            selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
-            source = resolve_source(Path(src), out, selection)
+            source = open_source(located, out)
             try:
                 out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
                 plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)

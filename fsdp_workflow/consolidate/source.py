@@ -17,7 +17,7 @@ from fsdp_workflow.core.paths import output_overlap
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
 from .hf_assets import fixed_architectures, read_config
-from .layout import resolve, step_of
+from .layout import Resolved, resolve, step_of
 from .metadata import load_meta_pt
 from .reader import CheckpointSource, DcpCheckpoint
 from .report import JsonObject, PlainValue
@@ -87,9 +87,28 @@ def resolve_source(src: Path, out: Path, selection: Selection) -> Source:
             checkpoint read or holding one (:func:`check_apart`), a ``--reference`` without
             config.json, unreadable checkpoint files, or mixed formats.
     """
+    return open_source(locate_source(src, out, selection), out)
+
+
+def locate_source(src: Path, out: Path, selection: Selection) -> Resolved:
+    """Find the checkpoint directories under ``src`` and check ``out`` against them; reads directories only.
+
+    Raises:
+        ConsolidationError: As :func:`resolve_source`, for everything but opening the files.
+    """
     res = resolve(src, step=selection.step, average_last=selection.average_last, steps=selection.steps,
                   subtree=selection.subtree, reference=selection.reference)
     check_apart(src, out, res.dcp_dirs)
+    return res
+
+
+def open_source(res: Resolved, out: Path) -> Source:
+    """Open the checkpoints :func:`locate_source` found and read the reference config.
+
+    Raises:
+        ConsolidationError: A ``--reference`` without config.json, unreadable checkpoint
+            files, or mixed formats.
+    """
     for note in res.notes:
         log.warning("note: %s", note)
     if res.reference is not None and not (res.reference / "config.json").is_file():
