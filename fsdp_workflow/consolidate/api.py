@@ -80,7 +80,7 @@ def consolidate(
         out: Output directory; must not exist unless ``overwrite``. Written as a temporary
             sibling and renamed; it may not lie inside a checkpoint directory read, nor hold
             one (:func:`fsdp_workflow.core.paths.output_overlap`, the planner's rule). A lock
-            file beside it (``.OUT.lock``) keeps a second consolidation into it out.
+            file beside it (``.OUT.consolidate.lock``) keeps a second consolidation into it out.
         dtype: ``None`` keeps stored dtypes; ``"bf16"``, ``"fp16"`` or ``"fp32"`` casts
             floating tensors only.
         max_shard_size: Split output files past this size (``"5GB"``, ``"1TB"``, ``"2GiB"``,
@@ -174,8 +174,8 @@ def consolidate(
 
 
 def lock_path(out: Path) -> Path:
-    """The lock file of an output directory: ``OUT.parent/.OUT.lock``, beside it (OUT itself appears only at the end)."""
-    return out.parent / f".{out.name}.lock"
+    """The lock file of an output directory: ``OUT.parent/.OUT.consolidate.lock``, beside it (OUT itself appears only at the end)."""
+    return out.parent / f".{out.name}.consolidate.lock"
 
 
 def _lock_output(out: Path) -> Lock | contextlib.nullcontext[None]:
