@@ -145,8 +145,9 @@ def consolidate(
                         written = write_output(source, plan, staging, settings)
                         report = verify_output(source, plan, written, verify=verify,
                                                from_pretrained_max_bytes=from_pretrained_max_bytes)
-                        commit_output(staging, out, report, source, replace=overwrite)
-                        committed = True
+                        with deferred_interrupt():  # Ctrl-C waits for the renames, then says OUT was written
+                            commit_output(staging, out, report, source, replace=overwrite)
+                            committed = True
                 except OSError as exc:
                     if exc.errno not in DISK_FULL_ERRNOS:
                         raise

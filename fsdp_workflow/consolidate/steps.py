@@ -385,7 +385,7 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
                   replace: bool = False) -> None:
     """Write verification.json and, once it is ok, the model card (README.md); then move the staging directory to ``out``.
 
-    The move is a rename, with Ctrl-C held off until it is done (:func:`deferred_interrupt`).
+    The move is a rename; the caller holds Ctrl-C off around it (:func:`deferred_interrupt`).
     With ``replace`` an existing ``out`` is first renamed aside, then removed once the new
     model is in place (and put back if the second rename fails), so ``out`` is at every
     moment either the old model or the new one.
@@ -410,22 +410,21 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
                             final_dir=out)
     if note:
         log.warning("note: %s", note)
-    with deferred_interrupt():
-        old = None
-        if replace and (out.exists() or out.is_symlink()):
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, old)
-        try:
-            os.rename(staging, out)
-        except OSError as exc:
-            if old is not None:
-                os.rename(old, out)
-            raise ConsolidationError(
-                f"{out}: cannot move the verified model there ([Errno {exc.errno}] {exc.strerror}): OUT appeared "
-                "while this consolidation ran, written by another program (two consolidations are kept apart by a "
-                "lock). Nothing was changed there; choose a new OUT, or pass --overwrite to replace it") from None
+    old = None
+    if replace and (out.exists() or out.is_symlink()):
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    try:
+        os.rename(staging, out)
+    except OSError as exc:
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            os.rename(old, out)
+        raise ConsolidationError(
+            f"{out}: cannot move the verified model there ([Errno {exc.errno}] {exc.strerror}): OUT appeared "
+            "while this consolidation ran, written by another program (two consolidations are kept apart by a "
+            "lock). Nothing was changed there; choose a new OUT, or pass --overwrite to replace it") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
