@@ -82,7 +82,7 @@ class NonFiniteScan:
 
         view, others, mantissa = bits
         values = np.frombuffer(data, dtype=view)
-        all_ones = np.iinfo(view).max
+        all_ones = (1 << (8 * values.itemsize)) - 1
         for start in range(0, values.size, _PIECE_ELEMS):
             piece = values[start:start + _PIECE_ELEMS]
             tmp = self._buffer(view, np)[:piece.size]
