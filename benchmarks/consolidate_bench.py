@@ -4,6 +4,7 @@ Run::
 
     python benchmarks/consolidate_bench.py --sizes 1.5 3 --ranks 2
     python benchmarks/consolidate_bench.py --hashes     # checksum throughput on this machine
+    python benchmarks/consolidate_bench.py --nan-scan   # the NaN/inf scan's throughput, per dtype
     python benchmarks/consolidate_bench.py --sizes 1.5 --no-others --baseline /tmp/base   # paired with another checkout
 
 For each size it writes a synthetic Llama-shaped bf16 checkpoint (``--ranks`` FSDP shards)
@@ -22,6 +23,10 @@ Accelerate and torch (they take most of the time).
 A CPU column (user + system seconds, median) shows what each run cost where the CPUs are
 shared. ``--baseline DIR`` runs our three commands from another checkout too, in the same
 rounds (``git worktree add /tmp/base REV``), for a paired before/after comparison.
+
+``--nan-scan`` times the writer's NaN/inf scan (``consolidate/nonfinite.py``) over 512 MiB of
+finite values in 512 KiB slabs, per floating dtype, on one thread and on two, and the
+import of numpy it needs, in a fresh interpreter.
 
 ``--hashes`` times the checksums a verification could keep per tensor (sha256 and the
 other hashlib digests, zlib's crc32/adler32, and ``xxhash``, ``blake3``, ``crc32c`` when
@@ -198,6 +203,53 @@ def hashes(total_mb: int = 512, slab: int = 1 << 20) -> None:
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 
+def nan_scan(total_mb: int = 512, slab: int = 512 << 10) -> None:
+    """Throughput of the NaN/inf scan the writer runs on every slab, 1 and 2 threads, and numpy's import."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from fsdp_workflow.consolidate.nonfinite import NonFiniteScan
+
+    imports = []
+    for _ in range(5):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import numpy"], check=True)
+        t_numpy = time.perf_counter() - t
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        imports.append(t_numpy - (time.perf_counter() - t))
+    print(f"load average before: {os.getloadavg()[0]:.2f}\n")
+    print(f"numpy import (fresh interpreter, median of 5, wall): {statistics.median(imports):.3f} s\n")
+    print("| dtype | slabs | GB/s, 1 thread | GB/s, 2 threads | us per 512 KiB slab, 1 thread |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    f32 = rng.standard_normal((total_mb << 20) // 4, dtype=np.float32)
+    bufs = {"float32": f32.tobytes(), "float16": f32.astype(np.float16).tobytes()[: total_mb << 20],
+            "bfloat16": (f32.view(np.uint32) >> 16).astype(np.uint16).tobytes()}
+    for dtype, raw in bufs.items():
+        for where in ("in cache (as in the writer: the slab it just assembled)", "from memory (a new slab each time)"):
+            rates = []
+            for threads in (1, 2):
+                scan = NonFiniteScan()
+                n = len(raw) // threads
+                hot = where.startswith("in cache")
+
+                def run(i0: int, scan: NonFiniteScan = scan, dtype: str = dtype, hot: bool = hot) -> None:
+                    data = memoryview(raw)
+                    for i in range(i0, i0 + n, slab):
+                        scan.scan("t", dtype, data[i0:i0 + slab] if hot else data[i:i + slab])
+
+                t = time.perf_counter()
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(run, [k * n for k in range(threads)]))
+                rates.append(len(raw) / (time.perf_counter() - t) / 1e9)
+                assert scan.found() == {}
+            print(f"| {dtype} | {where} | {rates[0]:.2f} | {rates[1]:.2f} | {slab / rates[0] / 1e3:.0f} |")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
 def _feed(h, part: memoryview, slab: int) -> str:
     for i in range(0, len(part), slab):
         h.update(part[i:i + slab])
@@ -212,11 +264,15 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the synthetic checkpoints in benchmarks/_work/")
     p.add_argument("--no-others", action="store_true", help="skip Accelerate and torch (ours against cp -r only)")
     p.add_argument("--hashes", action="store_true", help="only time the checksum candidates")
+    p.add_argument("--nan-scan", action="store_true", help="only time the NaN/inf scan of the copy")
     p.add_argument("--baseline", type=Path, help="another checkout (e.g. `git worktree add /tmp/base REV`): its three "
                                                  "consolidator commands run in the same rounds, for a paired comparison")
     a = p.parse_args()
     if a.hashes:
         hashes()
+        return
+    if a.nan_scan:
+        nan_scan()
         return
     WORK.mkdir(parents=True, exist_ok=True)
     for gb in a.sizes:

@@ -18,6 +18,7 @@ from fsdp_workflow.config.schema import (
     ModelInit,
     WorkflowConfig,
 )
+from fsdp_workflow.core.paths import output_overlap
 from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, HF_MODEL_DIR, RunDir
 from fsdp_workflow.core.sizes import parse_size
 from fsdp_workflow.config.errors import Rule, ValidationReport
@@ -123,26 +124,18 @@ def check_checkpoint(cfg: WorkflowConfig, r: ValidationReport) -> None:
                         "the checkpoint to resume from (expected auto, none or a checkpoints/step-N directory)")
 
 
-def _inside(path: str, parent: str) -> bool:
-    a, b = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(parent))
-    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
-
-
 def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """The consolidated model must not land where the trainer or pruning writes."""
     out = cfg.consolidate.output_dir
     if out is None or not cfg.consolidate.enabled:
         return
-    run_dir = str(cfg.run_dir)
-    checkpoints = str(RunDir.of(run_dir).checkpoints)
-    if not out.strip():
-        why = "an empty path"
-    elif _inside(out, checkpoints):
-        why = f"inside the checkpoint directory {checkpoints}: pruning and resume read every entry there"
-    elif _inside(run_dir, out):
-        why = "the run directory itself (or a parent of it): the consolidator refuses an existing output directory"
+    checkpoints = str(RunDir.of(str(cfg.run_dir)).checkpoints)
+    overlap = output_overlap(out, checkpoints)  # the consolidation CLI applies the same rule to OUT
+    if overlap:
+        why = overlap
     elif os.path.exists(os.path.expanduser(out)):
-        why = "already exists: the consolidator never overwrites a model directory, so the job would fail after training"
+        why = ("already exists: the consolidation job would refuse a directory it did not write, after training; "
+               "choose a new directory")
     else:
         return
     r.error("consolidate.output_dir", out, why,

@@ -394,6 +394,7 @@ class ConsolidateConfig:
     every_checkpoint: bool = False  # consolidate and evaluate each saved checkpoint (Slurm)
     remove_sharded: bool = False  # delete the shards after a verified consolidation
     verify: bool = True
+    allow_nonfinite: bool = False  # write NaN/inf weights on purpose (--allow-nonfinite); else the job refuses, exit 65
 
 
 @dataclass

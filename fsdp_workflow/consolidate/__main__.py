@@ -6,9 +6,19 @@ Usage::
     python -m fsdp_workflow.consolidate ckpt/pytorch_model_fsdp_0 out --dtype bf16 --reference base-model/
     python -m fsdp_workflow.consolidate RUN_DIR/checkpoints out --average-last 3
 
-Exit status: 0 on success, 2 on a user error (message on stderr, no traceback): a bad
-option value, a missing or incomplete checkpoint, an OUT that exists, ``--remove-sharded``
-with ``--no-verify``.
+Exit status (message on stderr, no traceback, nothing left at OUT):
+
+* 0: written and verified;
+* 2: a user error: a bad option value, a missing or incomplete checkpoint, an OUT that
+  exists (without ``--overwrite``), an OUT inside the checkpoints or holding them, a
+  second consolidation into the same OUT (named with its holder), ``--remove-sharded``
+  with ``--no-verify``;
+* 65: the weights hold NaN or inf (each tensor named, with its counts), without
+  ``--allow-nonfinite``;
+* 130: interrupted (Ctrl-C); one line says what was left.
+
+Where a flag would make the command go through, the message ends with the whole command
+to paste, shell-quoted.
 """
 
 from __future__ import annotations
@@ -16,12 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
+import signal
 import sys
 
 from fsdp_workflow.core.logs import setup_logging
 
+from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
+
 from .api import consolidate
-from .errors import ConsolidationError
+from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
+from .nonfinite import NonFiniteWeightsError
 
 
 def _int_list(text: str) -> list[int]:
@@ -45,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "safetensors model, in bounded memory.",
     )
     p.add_argument("src", help="DCP dir, or a run dir / checkpoints dir / checkpoint-N / Accelerate output above one")
-    p.add_argument("out", help="output directory (must not exist)")
+    p.add_argument("out", help="output directory (must not exist, unless --overwrite)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep stored dtype)")
     p.add_argument("--max-shard-size", default="5GB", help="split output files past this size: 5GB, 500MB, 1TB, 2GiB or a byte count (default 5GB)")
     g = p.add_mutually_exclusive_group()
@@ -60,28 +76,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-verify", action="store_true",
                    help="compare every byte of every tensor with the checkpoint (default: every tensor at its chunk "
                         "boundaries and on 1/16 of its bytes; always full with --remove-sharded)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT (an earlier output, or any directory) once the new model is verified")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="write weights holding NaN/inf on purpose (default: refuse, exit 65); verification.json and "
+                        "the model card then name the tensors")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=int, help="copy/verify threads, at least 1 (default min(8, 2 x CPUs))")
     return p
 
 
+def paste_command(argv: list[str], flag: str) -> str:
+    """This very command with ``flag`` added, shell-quoted for pasting (``shlex.join``: no word of it runs as code)."""
+    exe = os.path.basename(sys.executable)
+    python = exe if shutil.which(exe) == sys.executable else sys.executable
+    return shlex.join([python, "-m", "fsdp_workflow.consolidate", *argv, flag])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """The first Ctrl-C stops the consolidation; later ones are ignored while it cleans up (a second traceback never)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging("INFO")  # notes and progress lines on stderr; the JSON summary alone on stdout
     # Nothing here uses BLAS; with one BLAS thread numpy's import (the verifier's) costs about
     # 0.05 CPU-seconds less on 2 CPUs. A user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return _run(args, argv)
+    finally:
+        if previous is signal.default_int_handler:  # main() called in-process (tests): leave Ctrl-C as it was
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Consolidate as asked; every refusal and Ctrl-C become a message and an exit code (see the module docstring)."""
     try:
         result = consolidate(
             args.src, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, step=args.step,
             average_last=args.average_last, steps=args.steps, weights=args.weights, subtree=args.subtree,
             reference=args.reference, remove_sharded=args.remove_sharded, verify=not args.no_verify,
-            full_verify=args.full_verify,
-            progress=not args.no_progress, workers=args.workers,
+            full_verify=args.full_verify, progress=not args.no_progress, workers=args.workers,
+            overwrite=args.overwrite, allow_nonfinite=args.allow_nonfinite,
         )
+    except OutputExistsError as exc:
+        print(f"error: {exc}\n  to replace it: {paste_command(argv, '--overwrite')}", file=sys.stderr)
+        return EXIT_USAGE
+    except NonFiniteWeightsError as exc:
+        print(f"error: {exc}\n  to write them anyway: {paste_command(argv, '--allow-nonfinite')}", file=sys.stderr)
+        return exc.exit_code
     except ConsolidationError as exc:
         print(f"error: {exc}", file=sys.stderr)  # the command's answer, as plain as its JSON summary
-        return 2
+        return EXIT_USAGE
+    except ConsolidationInterrupted as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before anything was opened (checking the options)
+        print(f"interrupted: nothing was written to {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     v = result.verification
     arch = v.get("architecture")
     summary = {
@@ -89,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         "tensors": result.num_tensors, "bytes": result.num_bytes, "files": result.files,
         "seconds": round(result.seconds, 2), "verified": v.get("ok") if "tensors" in v else None,
         "dtype": v.get("dtype"), "architecture": arch["name"] if arch else None,
-        "from_pretrained": v.get("from_pretrained"), "tied_lm_head": v.get("tied_lm_head"), "notes": v.get("notes"),
+        "from_pretrained": v.get("from_pretrained"), "tied_lm_head": v.get("tied_lm_head"),
+        "nonfinite": v.get("nonfinite", {}).get("tensors") or None, "notes": v.get("notes"),
     }
     print(json.dumps(summary, indent=2))
     return 0

@@ -6,7 +6,9 @@ options, resolve the source, plan the files, write, verify, commit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import shutil
 import time
@@ -14,13 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS
+from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 
 from .casting import CLI_DTYPES
-from .errors import ConsolidationError
-from .options import check_options
+from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
+from .options import check_options, out_exists_problem
 from .report import VerificationReport
-from .source import Selection, resolve_source
-from .steps import WriteSettings, commit_output, plan_output, remove_sources, staging_dir, verify_output, write_output
+from .source import Selection, locate_source, open_source
+from .steps import (
+    WriteSettings,
+    commit_output,
+    deferred_interrupt,
+    plan_output,
+    remove_sources,
+    staging_dir,
+    verify_output,
+    write_output,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,13 +69,18 @@ def consolidate(
     progress: bool = True,
     workers: int | None = None,
     from_pretrained_max_bytes: int = 256 << 20,
+    overwrite: bool = False,
+    allow_nonfinite: bool = False,
 ) -> ConsolidationResult:
     """Consolidate a sharded DCP (or DeepSpeed) checkpoint into a Hugging Face model directory.
 
     Args:
         src: A DCP directory, or any directory above one (run dir, ``checkpoints/``,
             ``checkpoint-N/``, an Accelerate output dir); see :mod:`.layout`.
-        out: Output directory; must not exist. Written as a temporary sibling and renamed.
+        out: Output directory; must not exist unless ``overwrite``. Written as a temporary
+            sibling and renamed; it may not lie inside a checkpoint directory read, nor hold
+            one (:func:`fsdp_workflow.core.paths.output_overlap`, the planner's rule). A lock
+            file beside it (``.OUT.consolidate.lock``) keeps a second consolidation into it out.
         dtype: ``None`` keeps stored dtypes; ``"bf16"``, ``"fp16"`` or ``"fp32"`` casts
             floating tensors only.
         max_shard_size: Split output files past this size (``"5GB"``, ``"1TB"``, ``"2GiB"``,
@@ -84,6 +103,10 @@ def consolidate(
         progress: Show a tqdm progress bar on stderr.
         workers: Copy/verify threads (default ``min(8, 2 * cpu_count)``).
         from_pretrained_max_bytes: Load the result with ``from_pretrained`` when smaller.
+        overwrite: Replace an existing ``out`` (an earlier output of this tool or any other
+            directory; never a file or symlink) once the new model is verified.
+        allow_nonfinite: Write weights holding NaN or inf (else refused, nothing written);
+            verification.json and the model card then name the tensors.
 
     Returns:
         A :class:`ConsolidationResult`; ``verification`` is also written to
@@ -91,39 +114,80 @@ def consolidate(
 
     Raises:
         ConsolidationError: For anything the user can fix (bad options are all reported
-            at once, see :mod:`.options`); nothing is left at ``out``.
+            at once, see :mod:`.options`); nothing is left at ``out``. Subclasses:
+            :class:`~.errors.OutputExistsError` (``out`` exists), and
+            :class:`~.nonfinite.NonFiniteWeightsError` (NaN/inf weights).
+        ConsolidationInterrupted: Ctrl-C; its message says what is left (nothing partial).
     """
     t0 = time.time()
     out = Path(out)
     max_bytes = check_options(out, dtype=dtype, max_shard_size=max_shard_size, step=step, average_last=average_last,
-                              steps=steps, weights=weights, remove_sharded=remove_sharded, verify=verify, workers=workers)
-    selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
-    source = resolve_source(Path(src), out, selection)
+                              steps=steps, weights=weights, remove_sharded=remove_sharded, verify=verify, workers=workers,
+                              overwrite=overwrite)
+    committed = removed = False
     try:
-        out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
-        plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
-        settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype, weights,
-                                 full_verify or remove_sharded)  # shards are deleted only after every byte was compared
-        check_space(out, plan.total_bytes)
-        try:
-            with staging_dir(out) as staging:
-                written = write_output(source, plan, staging, settings)
-                report = verify_output(source, plan, written, verify=verify,
-                                       from_pretrained_max_bytes=from_pretrained_max_bytes)
-                commit_output(staging, out, report, source)
-        except OSError as exc:
-            if exc.errno not in DISK_FULL_ERRNOS:
-                raise
-            raise ConsolidationError(
-                f"{out}: the disk filled while writing the model ([Errno {exc.errno}] {exc.strerror}); the partial "
-                f"output was removed and the checkpoint is untouched. Free space, or write elsewhere "
-                f"(about {plan.total_bytes} bytes are needed)") from None
-    finally:
-        source.close()  # DeepSpeed staging files
-    if remove_sharded:
-        remove_sources(source)
+        selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
+        located = locate_source(Path(src), out, selection)  # OUT apart from the checkpoints before the lock file is made
+        with _lock_output(out):
+            problem = out_exists_problem(out, overwrite)  # again, under the lock: an earlier holder may have written it
+            if problem:
+                raise OutputExistsError(problem)
+            source = open_source(located, out)
+            try:
+                out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
+                plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
+                settings = WriteSettings(workers or min(8, 2 * (os.cpu_count() or 1)), verify, progress, out_dtype,
+                                         weights, full_verify or remove_sharded,  # shards deleted only once every byte compared
+                                         allow_nonfinite)
+                check_space(out, plan.total_bytes)
+                try:
+                    with staging_dir(out) as staging:
+                        written = write_output(source, plan, staging, settings)
+                        report = verify_output(source, plan, written, verify=verify,
+                                               from_pretrained_max_bytes=from_pretrained_max_bytes)
+                        with deferred_interrupt():  # Ctrl-C waits for the renames, then says OUT was written
+                            commit_output(staging, out, report, source, replace=overwrite)
+                            committed = True
+                except OSError as exc:
+                    if exc.errno not in DISK_FULL_ERRNOS:
+                        raise
+                    raise ConsolidationError(
+                        f"{out}: the disk filled while writing the model ([Errno {exc.errno}] {exc.strerror}); the "
+                        f"partial output was removed and the checkpoint is untouched. Free space, or write elsewhere "
+                        f"(about {plan.total_bytes} bytes are needed)") from None
+            finally:
+                source.close()  # DeepSpeed staging files
+            if remove_sharded:
+                with deferred_interrupt():  # never half a checkpoint deleted
+                    remove_sources(source, report)
+                    removed = True
+    except KeyboardInterrupt:
+        if committed:
+            raise ConsolidationInterrupted(
+                f"interrupted: {out} was written and verified before the interrupt"
+                + ("" if not remove_sharded else "; the sharded checkpoint was removed as asked" if removed
+                   else "; the sharded checkpoint was kept (--remove-sharded did not run)")) from None
+        raise ConsolidationInterrupted(
+            f"interrupted: nothing was written to {out} (the partial output was removed); the checkpoint is "
+            "untouched") from None
     return ConsolidationResult(out, len(plan.tensors), plan.total_bytes, [f.name for f in plan.files], source.layout,
                                source.dirs, report, time.time() - t0)
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of an output directory: ``OUT.parent/.OUT.consolidate.lock``, beside it (OUT itself appears only at the end)."""
+    return out.parent / f".{out.name}.consolidate.lock"
+
+
+def _lock_output(out: Path) -> Lock | contextlib.nullcontext[None]:
+    """Take the output's lock, or refuse naming its holder; on a filesystem without ``flock``, warn and go on."""
+    try:
+        return acquire(lock_path(out), "consolidating", subject=f"OUT {out}")
+    except LockHeld as exc:
+        raise ConsolidationError(f"{exc} Two consolidations into one OUT are refused; nothing was written.") from None
+    except LockUnsupported as exc:
+        log.warning("note: %s; consolidating without the lock that keeps a second consolidation into %s out", exc, out)
+        return contextlib.nullcontext()
 
 
 

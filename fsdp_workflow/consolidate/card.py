@@ -29,6 +29,7 @@ from fsdp_workflow.core.rundir import RunDir
 
 from .hf_assets import CARD_FILE, licence_files, licence_metadata
 from .layout import step_of
+from .nonfinite import describe as describe_nonfinite
 
 TAGS = ["fsdp_workflow"]
 CURVE_FILE = "loss_curve.png"  # beside README.md, drawn from metrics.jsonl
@@ -211,6 +212,7 @@ def model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: Path |
 
     name = cfg.get("name") if isinstance(cfg.get("name"), str) and cfg.get("name") else final.name
     lines = [f"# {name}", ""]
+    lines += _nonfinite_warning(report)
     lines += _summary(base, facts, cfg)
     lines += ["", "## Training", ""] + _table(_training_rows(base, facts, cfg, checkpoint_dirs))
     if (out_dir / CURVE_FILE).is_file():
@@ -366,7 +368,21 @@ def _weight_rows(report: Mapping[str, Any], checkpoint_dirs: Sequence[Path], ste
     if "ok" in report:
         checked = "checked" if report.get("tensors") else "recorded (checks off)"
         rows.append(("verification", f"{checked}, ok: {str(bool(report['ok'])).lower()} (verification.json)"))
+    bad = (report.get("nonfinite") or {}).get("tensors") or {}
+    if bad:
+        rows.append(("non-finite values", f"NaN/inf in {len(bad)} tensor(s), written on purpose (--allow-nonfinite)"))
     return rows
+
+
+def _nonfinite_warning(report: Mapping[str, Any]) -> list[str]:
+    """A warning at the top of the card naming every tensor written with NaN or inf (``--allow-nonfinite``)."""
+    bad = (report.get("nonfinite") or {}).get("tensors") or {}
+    if not bad:
+        return []
+    lines = [f"> **Warning: this model holds non-finite weights.** It was consolidated with `--allow-nonfinite`, "
+             f"and {len(bad)} tensor(s) hold NaN or inf values (verification.json, `nonfinite`):", ">"]
+    lines += [f"> - {_cell(describe_nonfinite(n, c))}" for n, c in bad.items()]
+    return lines + [""]
 
 
 def _licence_text(meta: Mapping[str, Any], out_dir: Path) -> list[str]:

@@ -17,3 +17,11 @@ class UnsafeCheckpointError(ConsolidationError):
 
 class IncompleteCheckpointError(ConsolidationError):
     """A checkpoint directory whose save did not finish: no ``.metadata`` (DCP writes it last)."""
+
+
+class OutputExistsError(ConsolidationError):
+    """OUT exists and ``--overwrite`` was not given; the CLI adds the command that replaces it."""
+
+
+class ConsolidationInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a consolidation; the message says what was left (the CLI exits 130)."""

@@ -13,7 +13,9 @@ from pathlib import Path
 from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
-from .errors import ConsolidationError
+from .errors import ConsolidationError, OutputExistsError
+
+VERIFICATION_FILE = "verification.json"  # what every output of this tool holds (written by .steps)
 
 
 def check_options(
@@ -28,21 +30,24 @@ def check_options(
     remove_sharded: bool,
     verify: bool,
     workers: int | None,
+    overwrite: bool = False,
 ) -> int:
     """Validate the options of :func:`~.api.consolidate` that need no checkpoint to judge.
 
     Args:
         out: The output directory.
         dtype, max_shard_size, step, average_last, steps, weights, remove_sharded, verify,
-            workers: As passed to :func:`~.api.consolidate`.
+            workers, overwrite: As passed to :func:`~.api.consolidate`.
 
     Returns:
         ``max_shard_size`` in bytes.
 
     Raises:
+        OutputExistsError: ``out`` exists (without ``overwrite``) and nothing else is wrong.
         ConsolidationError: One or more options are invalid; the message lists them all.
     """
-    errors = _check_out(out)
+    exists = out_exists_problem(out, overwrite)
+    errors = [exists] if exists else _check_out_parent(out)
     if dtype is not None and dtype not in CLI_DTYPES:
         errors.append(f"--dtype {dtype!r}: choose one of bf16, fp16, fp32 (or leave it out to keep stored dtypes)")
     max_bytes = 0
@@ -59,6 +64,8 @@ def check_options(
         )
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         errors.append(f"--workers {workers}: must be a whole number of threads, at least 1 (leave it out for min(8, 2 x CPUs))")
+    if errors == [exists]:
+        raise OutputExistsError(exists)
     if len(errors) == 1:
         raise ConsolidationError(errors[0])
     if errors:
@@ -66,9 +73,41 @@ def check_options(
     return max_bytes
 
 
-def _check_out(out: Path) -> list[str]:
-    if out.exists() or out.is_symlink():
-        return [f"{out}: output path already exists; choose a new OUT or delete it first (it is never overwritten)"]
+def is_earlier_output(out: Path) -> bool:
+    """Whether ``out`` is a model directory this tool wrote (it holds ``verification.json``)."""
+    return out.is_dir() and not out.is_symlink() and (out / VERIFICATION_FILE).is_file()
+
+
+def out_exists_problem(out: Path, overwrite: bool) -> str | None:
+    """Why an existing ``out`` may not be written, or None (it does not exist, or ``overwrite`` replaces it).
+
+    An earlier output of this tool and any other directory are both replaced only with
+    ``--overwrite``, and only once the new model is verified (:func:`~.steps.commit_output`);
+    a file or a symlink at ``out`` is never replaced.
+
+    Args:
+        out: The output directory.
+        overwrite: The user passed ``--overwrite``.
+
+    Returns:
+        The message, naming ``out`` and the fix, or None.
+    """
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        kind = "a symlink" if out.is_symlink() else "a file"
+        return (f"{out}: OUT is {kind}, not a model directory; it is never replaced (not even with --overwrite). "
+                "Choose another OUT, or remove it yourself")
+    if not out.exists() or overwrite:
+        return None
+    if is_earlier_output(out):
+        return (f"{out}: OUT holds an earlier consolidation (it has {VERIFICATION_FILE}); pass --overwrite to replace "
+                "it once the new model is verified, or choose a new OUT")
+    return (f"{out}: OUT exists and is not a model written by this tool (no {VERIFICATION_FILE} in it); choose a new "
+            "OUT, or pass --overwrite to replace it and everything in it once the new model is verified")
+
+
+def _check_out_parent(out: Path) -> list[str]:
+    if out.exists():
+        return []  # replaced with --overwrite: its parent holds it already
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent

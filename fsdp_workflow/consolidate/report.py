@@ -101,6 +101,21 @@ DeepSpeedReport = TypedDict("DeepSpeedReport", {
 }, total=False)
 
 
+class NonFiniteEntry(TypedDict):
+    """NaN and +-inf values counted in one written tensor."""
+
+    nan: int
+    inf: int
+
+
+class NonFiniteReport(TypedDict):
+    """The NaN/inf scan of every written byte (:mod:`.nonfinite`); ``tensors`` is empty unless allowed."""
+
+    scanned: str
+    allowed: bool  # non-finite values were written on purpose (--allow-nonfinite)
+    tensors: dict[str, NonFiniteEntry]
+
+
 class _VerificationCore(TypedDict):
     ok: bool
     errors: list[str]
@@ -126,3 +141,4 @@ class VerificationReport(_VerificationCore, total=False):
     architecture: ArchitectureEntry
     keys: KeyReport
     from_pretrained: FromPretrainedReport
+    nonfinite: NonFiniteReport

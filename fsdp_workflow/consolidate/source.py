@@ -12,10 +12,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdp_workflow.core.paths import output_overlap
+
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
 from .hf_assets import fixed_architectures, read_config
-from .layout import resolve
+from .layout import Resolved, resolve, step_of
 from .metadata import load_meta_pt
 from .reader import CheckpointSource, DcpCheckpoint
 from .report import JsonObject, PlainValue
@@ -81,11 +83,32 @@ def resolve_source(src: Path, out: Path, selection: Selection) -> Source:
         The opened :class:`Source`; the caller closes it.
 
     Raises:
-        ConsolidationError: No (complete, unique) checkpoint at ``src``, a ``--reference``
-            without config.json, unreadable checkpoint files, or mixed formats.
+        ConsolidationError: No (complete, unique) checkpoint at ``src``, ``out`` inside a
+            checkpoint read or holding one (:func:`check_apart`), a ``--reference`` without
+            config.json, unreadable checkpoint files, or mixed formats.
+    """
+    return open_source(locate_source(src, out, selection), out)
+
+
+def locate_source(src: Path, out: Path, selection: Selection) -> Resolved:
+    """Find the checkpoint directories under ``src`` and check ``out`` against them; reads directories only.
+
+    Raises:
+        ConsolidationError: As :func:`resolve_source`, for everything but opening the files.
     """
     res = resolve(src, step=selection.step, average_last=selection.average_last, steps=selection.steps,
                   subtree=selection.subtree, reference=selection.reference)
+    check_apart(src, out, res.dcp_dirs)
+    return res
+
+
+def open_source(res: Resolved, out: Path) -> Source:
+    """Open the checkpoints :func:`locate_source` found and read the reference config.
+
+    Raises:
+        ConsolidationError: A ``--reference`` without config.json, unreadable checkpoint
+            files, or mixed formats.
+    """
     for note in res.notes:
         log.warning("note: %s", note)
     if res.reference is not None and not (res.reference / "config.json").is_file():
@@ -107,6 +130,30 @@ def resolve_source(src: Path, out: Path, selection: Selection) -> Source:
             checkpoint.close()
         raise
     return Source(res.layout, res.dcp_dirs, checkpoints, res.subtree_key, reference, meta_pt, notes)
+
+
+def check_apart(src: Path, out: Path, dcp_dirs: list[Path]) -> None:
+    """Refuse an ``out`` inside a checkpoint directory read, or holding one: the planner's rule (:mod:`fsdp_workflow.core.paths`).
+
+    Checked against the directories actually read, and against the directory of ``step-N``
+    checkpoints above each (pruning and step discovery read every entry there), not against
+    ``src`` itself: ``SRC=RUN_DIR OUT=RUN_DIR/hf_model`` is the usual layout and is allowed.
+    ``SRC SRC/out --remove-sharded`` would otherwise delete the model with the shards.
+
+    Raises:
+        ConsolidationError: naming OUT, the checkpoint directory and SRC.
+    """
+    roots: list[Path] = []
+    for d in dcp_dirs:
+        roots.append(d)
+        if step_of(d.name) is not None:
+            roots.append(d.parent)
+    for root in roots:
+        why = output_overlap(out, root)
+        if why:
+            raise ConsolidationError(
+                f"OUT {out} {why} (SRC {src}). Choose an OUT outside the checkpoints, e.g. a directory beside "
+                f"{root}; nothing was written")
 
 
 def open_checkpoints(layout: str, dirs: list[Path], out: Path) -> list[CheckpointSource]:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from .errors import ConsolidationError
 from .card import base_model_dirs, find_run_dir, write_model_card
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .keys import TiedPair, map_keys, tied_pair
+from .nonfinite import BadCount, NonFiniteScan, describe, refusal
 from .report import VerificationReport
 from .source import Source
 from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
@@ -77,6 +78,7 @@ class WriteSettings:
     out_dtype: str | None = None  # cast floating tensors to this (None: keep)
     weights: list[float] | None = None  # averaging weights as given (None: equal)
     full_verify: bool = False  # compare every byte (else fast mode: a fixed fraction plus every chunk boundary)
+    allow_nonfinite: bool = False  # write NaN/inf weights on purpose (else refuse, nothing written)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Written:
     architectures: list[str]  # as written to config.json
     architecture: ArchResult | None  # expected keys, computed in the background (verify + reference only)
     outcome: Outcome | None = None  # the independent comparison with the checkpoint (verify only)
+    nonfinite: dict[str, BadCount] = field(default_factory=dict)  # tensors holding NaN/inf (only with allow_nonfinite)
 
 
 def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] | None,
@@ -173,11 +176,17 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         staging: An empty directory (:func:`staging_dir`).
         settings: Threads, verification, progress bar.
 
+    Every slab the writer assembles is scanned for NaN and inf (:mod:`.nonfinite`) before it
+    is written; with any found and ``settings.allow_nonfinite`` off, the verification is
+    abandoned and :class:`~.nonfinite.NonFiniteWeightsError` raised (the caller removes the
+    staging directory).
+
     Returns:
         What was written, with the background results.
 
     Raises:
         ConsolidationError: A shard does not hold what its metadata says.
+        NonFiniteWeightsError: The weights hold NaN or inf and they were not allowed.
         OSError: The output cannot be written (disk full, permissions).
     """
     ref = source.reference
@@ -186,12 +195,17 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         arch_check.start()
     tied = plan.tied
     verifier = _build_verifier(source, staging, settings) if settings.verify else None
+    scan = NonFiniteScan()
     with ThreadPoolExecutor(max_workers=2) as side:
         digests = [side.submit(source_digest, s) for s in (tied.dropped_source, tied.kept_source)] if tied else []
         bar = (_Bar(plan.total_bytes) if is_terminal() else _LogProgress(plan.total_bytes)) if settings.progress else None
         side.submit(_warm_imports, ("xxhash",) if verifier else ())
         try:
-            StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None).run()
+            StreamingWriter(staging, plan.files, settings.workers, bar, verifier.written if verifier else None,
+                            scan.scan).run()
+            bad = scan.found()
+            if bad and not settings.allow_nonfinite:
+                raise refusal(bad, str(source.dirs[-1]), settings.out_dtype)
         except BaseException:
             if verifier:
                 verifier.close()
@@ -214,7 +228,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
         copied = copy_assets(ref.path, staging, ref.config)
         write_config(ref.config, staging, archs, plan.dtype)
     copied += copy_licenses(base_model_dirs(ref.path if ref else None, find_run_dir(source.dirs)), staging)
-    return Written(staging, tied_identical, copied, archs, arch, outcome)
+    return Written(staging, tied_identical, copied, archs, arch, outcome, bad)
 
 
 def _build_verifier(source: Source, staging: Path, settings: WriteSettings) -> Verifier:
@@ -316,6 +330,12 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
                                    "dropped it because config.json ties them")
     if source.reference is not None:
         report["assets_copied"] = written.assets_copied
+    report["nonfinite"] = {"scanned": "every byte written, in the copy (all verification modes)",
+                           "allowed": bool(written.nonfinite), "tensors": written.nonfinite}
+    if written.nonfinite:
+        report["notes"].append(
+            f"written with --allow-nonfinite: {len(written.nonfinite)} tensor(s) hold NaN or inf: "
+            + ", ".join(describe(n, c) for n, c in written.nonfinite.items()))
     if verify:
         outcome = written.outcome
         if outcome is None:
@@ -361,18 +381,26 @@ def _check_loading(report: VerificationReport, plan: OutputPlan, written: Writte
         report["errors"].append(f"from_pretrained reported problems: {loaded}")
 
 
-def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source) -> None:
+def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source, *,
+                  replace: bool = False) -> None:
     """Write verification.json and, once it is ok, the model card (README.md); then move the staging directory to ``out``.
+
+    The move is a rename; the caller holds Ctrl-C off around it (:func:`deferred_interrupt`).
+    With ``replace`` an existing ``out`` is first renamed aside, then removed once the new
+    model is in place (and put back if the second rename fails), so ``out`` is at every
+    moment either the old model or the new one.
 
     Args:
         staging: The written model (:func:`write_output`).
-        out: The final output directory (must not exist; checked by :mod:`.options`).
+        out: The final output directory.
         report: From :func:`verify_output`.
         source: For the error message.
+        replace: ``--overwrite``: replace an existing ``out``.
 
     Raises:
-        ConsolidationError: Verification failed; ``out`` is not created (the caller's
-            :func:`staging_dir` removes the staging directory).
+        ConsolidationError: Verification failed, or ``out`` appeared meanwhile (written by
+            something other than this tool, whose runs hold a lock on it); ``out`` is not
+            touched (the caller's :func:`staging_dir` removes the staging directory).
     """
     (staging / VERIFICATION_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if not report["ok"]:
@@ -382,11 +410,54 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
                             final_dir=out)
     if note:
         log.warning("note: %s", note)
-    os.rename(staging, out)
+    old = None
+    if replace and (out.exists() or out.is_symlink()):
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    try:
+        os.rename(staging, out)
+    except OSError as exc:
+        if old is not None:
+            os.rename(old, out)
+        raise ConsolidationError(
+            f"{out}: cannot move the verified model there ([Errno {exc.errno}] {exc.strerror}): OUT appeared "
+            "while this consolidation ran, written by another program (two consolidations are kept apart by a "
+            "lock). Nothing was changed there; choose a new OUT, or pass --overwrite to replace it") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
-def remove_sources(source: Source) -> None:
-    """Delete the source checkpoint directories (``--remove-sharded``, after a verified commit)."""
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) off for the block, then raise it: a commit is never left half done.
+
+    Only the main thread can install signal handlers; elsewhere (a library caller's thread)
+    the block runs as is.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending and previous not in (signal.SIG_IGN, None):
+        raise KeyboardInterrupt
+
+
+def remove_sources(source: Source, report: VerificationReport) -> None:
+    """Delete the source checkpoint directories (``--remove-sharded``), only after this invocation's verification passed.
+
+    Raises:
+        ConsolidationError: ``report`` is not a passed verification of every tensor (an
+            internal guard: the options refuse ``--remove-sharded`` with ``--no-verify``).
+    """
+    if not (report.get("ok") and report.get("tensors")):
+        raise ConsolidationError("internal error: --remove-sharded without a passed verification; the shards are kept")
     for d in source.dirs:
         shutil.rmtree(d)
-

@@ -11,7 +11,14 @@ one ``pwrite``; the file calls release the GIL, so the threads keep every core b
 0.70-1.08 CPU-seconds for 1.5 GB: a chunk's bytes are 64-byte aligned in its zip, not page
 aligned, so the kernel splices half pages), so it is not used. Memory stays at one slab per worker whatever
 the model size. Nothing here checks what was written: :mod:`.check` does, through a path
-that shares none of this module's chunk placement.
+that shares none of this module's chunk placement. Each assembled slab is handed to
+``on_slab`` before it is written (the NaN/inf scan of :mod:`.nonfinite`: the one pass that
+sees every byte in every verification mode).
+
+The copy stops at the next slab once :meth:`StreamingWriter.stop` is called or the caller's
+thread is interrupted (Ctrl-C), so an interrupted consolidation removes its output at once.
+``FSDP_WORKFLOW_TEST_COPY_DELAY_S`` (tests only) pauses after each tensor, so a test can
+interrupt a real copy in its middle.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor, chunk_runs
 
 SLAB_BYTES = 512 << 10  # assembled-output buffer, one per worker
+COPY_DELAY_ENV = "FSDP_WORKFLOW_TEST_COPY_DELAY_S"  # tests: seconds to pause after each tensor (unset: none)
 _FALLOCATE: Callable[[int, int, int, int], int] | Literal[False] | None = None  # libc fallocate, False where unavailable; resolved on first use
 
 
@@ -112,13 +120,19 @@ class StreamingWriter:
         on_done: Called (from the worker thread) when a tensor is written, with its name, its
             file's name and the (offset, length) of every write made for it; the verifier
             starts comparing it then.
+        on_slab: Called (from the worker thread) with the tensor's name, its output dtype and
+            the bytes of each slab just before they are written: every byte, once.
     """
 
     def __init__(self, out_dir: Path, files: list[OutFile], workers: int = 4,
                  on_bytes: Callable[[int], object] | None = None,
-                 on_done: Callable[[str, str, list[tuple[int, int]]], object] | None = None) -> None:
+                 on_done: Callable[[str, str, list[tuple[int, int]]], object] | None = None,
+                 on_slab: Callable[[str, str, memoryview], object] | None = None) -> None:
         self.out_dir = out_dir
         self.on_done = on_done
+        self.on_slab = on_slab
+        self._stop = threading.Event()
+        self._delay_s = float(os.environ.get(COPY_DELAY_ENV) or 0)
         self.files = files
         self.workers = workers
         self._lock = threading.Lock()
@@ -141,11 +155,25 @@ class StreamingWriter:
                 _pwrite_all(fd, f.header, 0)
             jobs = [t for f in self.files for t in f.tensors]
             jobs.sort(key=lambda t: -t.nbytes)  # big first balances the threads
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            pool = ThreadPoolExecutor(max_workers=self.workers)
+            try:
                 list(pool.map(lambda t: self._job(fds[t.file_index], t), jobs))
+            except BaseException:  # a failed tensor or Ctrl-C: the others stop at their next slab
+                self.stop()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def stop(self) -> None:
+        """Stop copying: each thread raises :class:`CopyStopped` at its next slab; tensors not started never are."""
+        self._stop.set()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise CopyStopped("the copy was stopped")
 
     def _buffer(self) -> bytearray:
         """This thread's slab buffer."""
@@ -155,7 +183,11 @@ class StreamingWriter:
         return buf
 
     def _job(self, fd: int, t: OutTensor) -> None:
+        self._check_stop()
         ranges = self._one(fd, t)
+        if self._delay_s:
+            self._stop.wait(self._delay_s)
+            self._check_stop()
         if self.on_done is not None:
             self.on_done(t.name, self.files[t.file_index].name, ranges)
 
@@ -163,6 +195,8 @@ class StreamingWriter:
         """Write one tensor; returns the (offset, length) of every write."""
         if len(t.sources) > 1 or t.weights:
             data = accumulate(t.sources, t.weights or [1.0], t.dtype)
+            if self.on_slab is not None:
+                self.on_slab(t.name, t.dtype, memoryview(data))
             _pwrite_all(fd, data, t.offset)
             self.on_bytes(len(data))
             return [(t.offset, len(data))]
@@ -189,7 +223,10 @@ class StreamingWriter:
             else:
                 end = self._gather(slab, base, out_mv, in_item, out_item, src.dtype, t.dtype)
             nbytes = (end - base) * out_item
+            if self.on_slab is not None:
+                self.on_slab(t.name, t.dtype, out_mv[:nbytes])
             _pwrite_all(fd, out_mv[:nbytes], t.offset + base * out_item)
+            self._check_stop()
             ranges.append((t.offset + base * out_item, nbytes))
             self.on_bytes(nbytes)
         return ranges
@@ -218,6 +255,10 @@ class StreamingWriter:
                     out_mv[(d - base) * out_item : (d - base + n) * out_item] = rmv[a : a + n * out_item]
             end = max(end, ps[-1][0] + ps[-1][2])
         return end
+
+
+class CopyStopped(Exception):
+    """Raised in the writer's threads once :meth:`StreamingWriter.stop` was called."""
 
 
 def _preallocate(fd: int, size: int) -> None:

@@ -113,6 +113,10 @@ def consolidate_argv(cfg: WorkflowConfig, layout: RunDir, ema: bool = False) -> 
         argv.append("--no-verify")
     if cfg.consolidate.remove_sharded and not ema:
         argv.append("--remove-sharded")
+    if cfg.consolidate.allow_nonfinite:
+        argv.append("--allow-nonfinite")
+    if cfg.consolidate.output_dir is None:  # RUN_DIR's own hf_model/: a rerun of the run replaces its model
+        argv.append("--overwrite")
     return argv
 
 

@@ -142,7 +142,7 @@ def test_bad_paths_are_exit_2(tiny_run, tmp_path, capsys):
     cases = [
         ([str(tmp_path / "nope"), str(tmp_path / "o")], "does not exist"),
         ([str(tmp_path / "afile"), str(tmp_path / "o")], "not a file"),
-        ([str(tiny_run), str(tmp_path)], "output path already exists"),
+        ([str(tiny_run), str(tmp_path)], "OUT exists and is not a model written by this tool"),
         ([str(tiny_run), str(tmp_path / "afile" / "o")], "afile is a file, not a directory"),
         ([str(tiny_run / "checkpoints" / "step-4"), str(tmp_path / "o"), "--step", "2"],
          "--step 2: .*step-4 is a single checkpoint \\(step 4\\)"),

@@ -174,7 +174,8 @@ def test_existing_output_is_never_touched(trained, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(trained / "llama"), str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: ") and "already exists" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and "OUT exists and is not a model written by this tool" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
@@ -207,7 +208,8 @@ def test_too_little_space_is_refused_before_anything_is_written(trained, tmp_pat
     assert proc.returncode == 2, proc.stderr
     assert f"{small_fs / 'out'}: [Errno 28] No space left on device: {small_fs} has" in proc.stderr, proc.stderr
     assert "nothing was written" in proc.stderr and "Traceback" not in proc.stderr
-    assert list(small_fs.iterdir()) == []
+    assert [p.name for p in small_fs.iterdir()] == [".out.consolidate.lock"]  # the output's lock file (empty, released) stays
+    assert (small_fs / ".out.consolidate.lock").read_text() == ""
     assert _files(run) == shards
 
 
@@ -221,5 +223,5 @@ def test_a_disk_that_fills_during_the_copy_leaves_no_partial_model(trained, tmp_
     with pytest.raises(ConsolidationError, match=r"out: the disk filled while writing the model \(\[Errno 28\] No "
                                                  r"space left on device\); the partial output was removed"):
         consolidate(run, small_fs / "out", progress=False)
-    assert list(small_fs.iterdir()) == []
+    assert [p.name for p in small_fs.iterdir()] == [".out.consolidate.lock"]
     assert _files(run) == shards
