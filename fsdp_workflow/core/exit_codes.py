@@ -9,7 +9,7 @@ import errno
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected error: a traceback was printed
 EXIT_USAGE = 2  # bad config or arguments: a message naming the key was printed, nothing ran
-EXIT_NONFINITE = 65  # EX_DATAERR: the loss or grad norm became NaN/inf; the last good checkpoint is kept, nothing consolidated
+EXIT_NONFINITE = 65  # EX_DATAERR: NaN/inf in the loss or grad norm (last good checkpoint kept) or in weights to consolidate
 EXIT_DISK_FULL = 74  # EX_IOERR: a save hit ENOSPC/EDQUOT; the previous checkpoint is intact, free space and resubmit
 # The errnos that mean "disk full" (EDQUOT: over a quota), for every stage that writes big files.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -24,7 +24,7 @@ MEANINGS = {
     EXIT_OK: "finished",
     EXIT_FAILURE: "failed (see the traceback in the log)",
     EXIT_USAGE: "refused: bad config or arguments",
-    EXIT_NONFINITE: "the loss or gradient norm became NaN/inf; the last good checkpoint is kept",
+    EXIT_NONFINITE: "non-finite values: the loss or gradient norm became NaN/inf (the last good checkpoint is kept), or consolidation found NaN/inf weights",
     EXIT_DISK_FULL: "disk full during a save; the previous checkpoint is intact",
     EXIT_REQUEUE: "preempted after a checkpoint; requeue",
     EXIT_PEER_TIMEOUT: "a rank stopped answering; a collective timed out",
