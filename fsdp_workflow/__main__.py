@@ -371,7 +371,12 @@ def _refuse_unplannable_run_dir(argv: List[str]) -> None:
     given = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
     if not given or _is_multirun(argv) or _is_sweep(f"run_dir={given[-1]}"):
         return
-    value = given[-1].strip().strip("'\"")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:  # Hydra's own reading of the value: quotes and escapes as Hydra will apply them
+        value = str(OverridesParser.create().parse_override(f"run_dir={given[-1]}").value())
+    except Exception:  # a syntax error: Hydra reports it with its own message
+        return
     path = os.path.abspath(os.path.expanduser(value))
     if os.path.isdir(path):
         _existing_dirs.append(path)  # the user's: a refusal must not remove it, even when empty
