@@ -26,12 +26,16 @@ def _chain(err: BaseException) -> List[BaseException]:
 
 
 def _yaml_message(err: BaseException) -> str:
-    """``FILE, line L, column C: problem (context)`` from a marked YAML error."""
+    """``FILE, line L, column C: YAML syntax error: problem (context at line L')`` from a marked YAML error."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    problem = " ".join(filter(None, [getattr(err, "context", None), getattr(err, "problem", None)])) or str(err)
+    problem = getattr(err, "problem", None) or str(err)
     if mark is None:
         return f"YAML syntax error: {problem}"
-    return f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {problem}"
+    out = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {problem}"
+    context, ctx = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and ctx is not None and ctx is not mark:
+        out += f" ({context} at line {ctx.line + 1}, column {ctx.column + 1})"
+    return out
 
 
 def _missing_option_message(text: str) -> str:
