@@ -91,6 +91,13 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     (["checkpoint.every_steps=0", "checkpoint.save_final=false"], "checkpoint.save_final"),
     (["consolidate.max_shard_size=5gigs"], "consolidate.max_shard_size"),
     (["consolidate.remove_sharded=true", "consolidate.verify=false"], "consolidate.remove_sharded"),
+    # issue 24: values that planned and failed later
+    (["optimizer.lr=inf"], "optimizer.lr"),
+    (["optimizer.eps=nan"], "optimizer.eps"),
+    (["data.format=text", "data.text_field=''"], "data.text_field"),
+    (["checkpoint.resume=maybe"], "checkpoint.resume"),
+    (["model.attn_implementation=flash_attention_9"], "model.attn_implementation"),
+    (["model.vocab_size=200"], "model.vocab_size"),  # the byte-level tokenizer has 260 ids
 ]
 
 
