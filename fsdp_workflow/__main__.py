@@ -300,13 +300,14 @@ def _validate_sweep(argv: List[str]) -> None:
     """
     import dataclasses
 
+    import yaml
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from fsdp_workflow.config.errors import ConfigError, Issue
     from fsdp_workflow.config.load import compose
     from fsdp_workflow.plan.checks import check
-    from fsdp_workflow.plan.run_dir import check_run_dir_reuse
+    from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
 
     points = _sweep_points(argv)
     if not points:
@@ -317,8 +318,10 @@ def _validate_sweep(argv: List[str]) -> None:
         where = f"sweep point {num} ({' '.join(overrides) or 'no overrides'})"
         try:
             cfg = compose(overrides)
-        except (HydraException, OmegaConfBaseException, ValueError) as err:  # unknown key, wrong type, no such option
-            failures.append(f"{where}:\n  {str(err).strip()}")
+        except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:  # unknown key, wrong type, no such option, YAML syntax
+            from fsdp_workflow.config.hydra_errors import describe
+
+            failures.append(f"{where}:\n" + "\n".join("  " + ln for ln in describe(err).split("\n")))
             continue
         if run_dir is not None:
             cfg = dataclasses.replace(cfg, run_dir=run_dir)
@@ -332,10 +335,14 @@ def _validate_sweep(argv: List[str]) -> None:
             if first != num:
                 issues.append(Issue(key, path, f"sweep point {first} writes to the same directory",
                                     f"give each point its own {key}, or leave {key} out"))
-        try:
-            check_run_dir_reuse(cfg)
-        except ConfigError as err:
-            issues.extend(err.issues)
+        problem = run_dir_problem(cfg.run_dir) if run_dir is not None else None
+        if problem is not None:
+            issues.append(problem)
+        else:
+            try:
+                check_run_dir_reuse(cfg)
+            except ConfigError as err:
+                issues.extend(err.issues)
         if issues:
             failures.append(f"{where}:\n{ConfigError(issues)}")
     if failures:

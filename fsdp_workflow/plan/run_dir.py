@@ -227,14 +227,14 @@ def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
     Returns:
         The plan the scripts were rendered from.
 
+    The CLI asks :func:`run_dir_problem` first (with the config's other problems, before
+    it takes the run's lock); this function, also used by tests to rewrite a run's
+    scripts, checks only the reuse rule.
+
     Raises:
-        ConfigError: ``cfg.run_dir`` is neither new, empty nor a run of this tool
-            (:func:`run_dir_problem`), or holds a different run (:func:`check_run_dir_reuse`);
+        ConfigError: ``cfg.run_dir`` holds a different run (:func:`check_run_dir_reuse`);
             nothing is written.
     """
-    problem = run_dir_problem(cfg.run_dir)
-    if problem is not None:
-        raise ConfigError([problem])
     check_run_dir_reuse(cfg)
     plan = build_plan(cfg)
     launch_env = render_launch_env(accelerate_env(cfg))  # may refuse a value: before anything is written
