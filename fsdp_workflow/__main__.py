@@ -130,7 +130,7 @@ def _lock_run_dir(cfg) -> Any:
 
     layout = run_layout(cfg)
     try:
-        return acquire(layout.lock, f"planning {layout.root} (python -m fsdp_workflow)",
+        return acquire(layout.lock, "planning and launching the run (python -m fsdp_workflow)",
                        subject=f"run_dir {layout.root}")
     except LockHeld as err:
         _fail_config(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n"

@@ -152,3 +152,32 @@ def test_the_printed_submit_hint_runs_nothing_when_pasted(tmp_path: Path, name: 
     # the pasted line ran the real submit.sh, which reached (the shim of) sbatch: bash parsed it whole
     assert (shims / "called").is_file(), (command, pasted.stderr)
     assert not list(tmp_path.rglob("PWNED")) and not (ROOT / "PWNED").exists(), (command, pasted.stderr)
+
+
+PROBE_SBATCH = """#!{python}
+import sys
+from fsdp_workflow.core.lock import is_locked, read_holder
+holder = read_holder({lock!r})
+with open({record!r}, "a") as f:
+    f.write(f"{{is_locked({lock!r})}} {{holder.what if holder else None}}\\n")
+print("4242")  # --parsable: the job id
+"""
+
+
+def test_the_slurm_route_holds_the_lock_while_submitting_and_releases_it(tmp_path: Path) -> None:
+    """An sbatch stand-in on PATH records, at each call, whether the run's lock is held; it is, then it is not."""
+    from fsdp_workflow.core.lock import is_locked
+
+    run = tmp_path / "run"
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    record = tmp_path / "probe.txt"
+    sbatch = shims / "sbatch"
+    sbatch.write_text(PROBE_SBATCH.format(python=sys.executable, lock=str(run / ".lock"), record=str(record)))
+    sbatch.chmod(0o755)
+    res = cli("+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}",
+              env={"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    calls = record.read_text().splitlines()
+    assert calls and all(c.startswith("True planning") for c in calls), calls  # held by the planner at each sbatch
+    assert not is_locked(run / ".lock")  # released once submitted
