@@ -7,12 +7,21 @@
 
 Exit codes: 0 success, 2 invalid config (nothing was written or submitted),
 75 stopped on a signal after checkpointing, anything else a failure.
+
+Every problem of a config is reported at once, unknown keys included. Hydra's
+own composition errors (a YAML syntax error in an experiment file, an option a
+group does not have) are one message naming the file, exit 2; the traceback
+only under ``log_level=DEBUG`` or ``HYDRA_FULL_ERROR=1``. The run directory's
+lock (``RUN_DIR/.lock``) is held from before the planner writes until the
+chain is submitted, or until the local run ends: a second command on the same
+``run_dir`` is refused at once, naming the holder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -32,34 +41,48 @@ log = logging.getLogger("fsdp_workflow")
 
 _task_started = False
 _no_experiment = False  # set by main(): the hint when base defaults fail validation
+_pending_issues: List[Any] = []  # unknown command-line keys, reported with the task's other problems
+_existing_dirs: List[str] = []  # run_dir as it existed before Hydra ran: never removed on a refusal
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+_user_full_error: Optional[str] = None  # the user's HYDRA_FULL_ERROR, restored for the task's children
 
 
-def _fail_config(message: str) -> None:
+def _fail_config(message: str, heading: str = "invalid config") -> None:
     # Printed, not logged: a refused config must not write into the log of a run it would have replaced.
-    print(f"fsdp_workflow: invalid config\n{message}", file=sys.stderr)
+    print(f"fsdp_workflow: {heading}\n{message}", file=sys.stderr)
     try:  # Hydra made the run dir before we ran; leave nothing behind
         from hydra.core.hydra_config import HydraConfig
 
-        os.rmdir(HydraConfig.get().runtime.output_dir)
+        out = os.path.abspath(HydraConfig.get().runtime.output_dir)
+        if out not in _existing_dirs:
+            os.rmdir(out)
     except (OSError, ValueError):
         pass  # not empty (an existing run) or no Hydra runtime
     raise SystemExit(EXIT_USAGE)
+
+
+def _restore_full_error_env() -> None:
+    """Give the task (and every child it starts) the user's own ``HYDRA_FULL_ERROR``."""
+    if _user_full_error is None:
+        os.environ.pop(_FULL_ERROR, None)
+    else:
+        os.environ[_FULL_ERROR] = _user_full_error
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(dcfg: DictConfig) -> None:
     global _task_started
     _task_started = True
+    _restore_full_error_env()
     from omegaconf.errors import OmegaConfBaseException
 
     from fsdp_workflow.config.errors import ConfigError
-    from fsdp_workflow.config.load import to_typed
+    from fsdp_workflow.config.load import to_typed_collecting
     from fsdp_workflow.plan.checks import check
+    from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
 
     try:
-        cfg = to_typed(dcfg)
-    except ConfigError as err:  # unknown keys
-        _fail_config(str(err))
+        cfg, unknown = to_typed_collecting(dcfg)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         _fail_config(f"  {key}: {err}" if key else f"  {err}")
@@ -67,19 +90,57 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
     set_level(cfg.log_level.value)  # the package's level for the rest of the command
     report = check(cfg)
-    for warning in report.warnings:
-        log.warning("fsdp_workflow: warning: %s", warning.format())
+    # Every problem in one report: unknown keys first, then the rules', then the run directory's.
+    report.errors[:0] = [*_pending_issues, *unknown]
+    problem = run_dir_problem(cfg.run_dir)
+    if problem is not None:
+        report.errors.append(problem)
+    elif not report.errors:
+        try:
+            check_run_dir_reuse(cfg)
+        except ConfigError as err:
+            report.errors.extend(err.issues)
+    if report.errors:
+        # Printed, not logged, like the errors: nothing may reach the log of a run this refuses.
+        for warning in report.warnings:
+            print(f"fsdp_workflow: warning: {warning.format()}", file=sys.stderr)
+        try:
+            report.raise_if_errors()
+        except ConfigError as err:
+            if _no_experiment:
+                _fail_config(f"{err}\n  (no experiment selected: these are the base defaults; "
+                             "add +experiment=smoke for the smoke run's values)")
+            _fail_config(str(err))
+    lock = _lock_run_dir(cfg)  # before the first write, and before anything is logged into the run
     try:
-        report.raise_if_errors()
-    except ConfigError as err:
-        if _no_experiment:
-            _fail_config(f"{err}\n  (no experiment selected: these are the base defaults; "
-                         "add +experiment=smoke for the smoke run's values)")
-        _fail_config(str(err))
-    rc = _plan_and_launch(cfg)
+        for warning in report.warnings:
+            log.warning("fsdp_workflow: warning: %s", warning.format())
+        rc = _plan_and_launch(cfg, lock)
+    finally:
+        lock.release()
     _record_sweep_point(cfg, rc)
     if rc:  # success returns, so a multirun sweep goes on to its next job
         raise SystemExit(rc)
+
+
+def _lock_run_dir(cfg) -> Any:
+    """Take ``RUN_DIR/.lock`` now, or exit 2 naming who holds it (host, pid, Slurm job)."""
+    from fsdp_workflow.config.schema import run_layout
+    from fsdp_workflow.core.lock import LockHeld, LockUnsupported, acquire
+
+    layout = run_layout(cfg)
+    try:
+        return acquire(layout.lock, "planning and launching the run (python -m fsdp_workflow)",
+                       subject=f"run_dir {layout.root}")
+    except LockHeld as err:
+        _fail_config(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n"
+                     "    fix: wait for that command to end, or plan into another run_dir",
+                     heading="run directory in use")
+    except LockUnsupported as err:
+        _fail_config(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n"
+                     "    fix: a run_dir on a filesystem with flock (a local disk, NFS with locking, "
+                     "Lustre mounted -o flock)", heading="run directory cannot be locked")
+    raise AssertionError("unreachable")
 
 
 def _record_sweep_point(cfg, rc: int) -> None:
@@ -98,23 +159,24 @@ def _record_sweep_point(cfg, rc: int) -> None:
     record_point(sweep_dir, int(hc.job.num), list(hc.overrides.task), Path(cfg.run_dir).absolute(), rc)
 
 
-def _plan_and_launch(cfg) -> int:
+def _plan_and_launch(cfg, lock) -> int:
+    """Write the run directory, then submit or run it, all under ``lock`` (the caller releases it)."""
     from fsdp_workflow.plan.estimate import memory_warning, summary_lines
-    from fsdp_workflow.plan.run_dir import write_run_dir
+    from fsdp_workflow.plan.run_dir import write_run_dir, written_names
     from fsdp_workflow.plan.spec import is_slurm
 
     try:
         plan = write_run_dir(cfg)
-    except ValueError as err:  # an unrenderable value, named by the renderer
-        _fail_config(f"  {err}")
+    except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text
+        lock.release()
+        _fail_config(f"  {err}" if not str(err).startswith("found ") else str(err))
     log.info("%s", "\n".join("  " + line for line in summary_lines(cfg)))
     warning = memory_warning(cfg)
     if warning:
         log.warning("fsdp_workflow: warning: %s", warning)
     if cfg.dry_run:
-        written = sorted(p.name for p in plan.run_dir.iterdir() if p.is_file())
-        print(f"dry run: wrote {plan.run_dir} ({', '.join(written)}); nothing submitted.")
-        print(f"submit the same chain later with: bash {plan.layout.script(SUBMIT_SCRIPT)}")
+        print(f"dry run: wrote {plan.run_dir} ({', '.join(written_names(plan))}); nothing submitted.")
+        print("submit the same chain later with: " + shlex.join(["bash", str(plan.layout.script(SUBMIT_SCRIPT))]))
         return 0
     if is_slurm(cfg):
         from fsdp_workflow.launch.slurm import submit
@@ -122,7 +184,7 @@ def _plan_and_launch(cfg) -> int:
         return submit(cfg, plan)
     from fsdp_workflow.launch.local import run_local
 
-    return run_local(plan, consolidate=cfg.consolidate.enabled)
+    return run_local(plan, consolidate=cfg.consolidate.enabled, lock=lock)  # held through the run
 
 
 def _with_run_dir_as_hydra_dir(argv: List[str]) -> List[str]:
@@ -238,13 +300,14 @@ def _validate_sweep(argv: List[str]) -> None:
     """
     import dataclasses
 
+    import yaml
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from fsdp_workflow.config.errors import ConfigError, Issue
     from fsdp_workflow.config.load import compose
     from fsdp_workflow.plan.checks import check
-    from fsdp_workflow.plan.run_dir import check_run_dir_reuse
+    from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
 
     points = _sweep_points(argv)
     if not points:
@@ -255,8 +318,10 @@ def _validate_sweep(argv: List[str]) -> None:
         where = f"sweep point {num} ({' '.join(overrides) or 'no overrides'})"
         try:
             cfg = compose(overrides)
-        except (HydraException, OmegaConfBaseException, ValueError) as err:  # unknown key, wrong type, no such option
-            failures.append(f"{where}:\n  {str(err).strip()}")
+        except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:  # unknown key, wrong type, no such option, YAML syntax
+            from fsdp_workflow.config.hydra_errors import describe
+
+            failures.append(f"{where}:\n" + "\n".join("  " + ln for ln in describe(err).split("\n")))
             continue
         if run_dir is not None:
             cfg = dataclasses.replace(cfg, run_dir=run_dir)
@@ -270,10 +335,14 @@ def _validate_sweep(argv: List[str]) -> None:
             if first != num:
                 issues.append(Issue(key, path, f"sweep point {first} writes to the same directory",
                                     f"give each point its own {key}, or leave {key} out"))
-        try:
-            check_run_dir_reuse(cfg)
-        except ConfigError as err:
-            issues.extend(err.issues)
+        problem = run_dir_problem(cfg.run_dir) if run_dir is not None else None
+        if problem is not None:
+            issues.append(problem)
+        else:
+            try:
+                check_run_dir_reuse(cfg)
+            except ConfigError as err:
+                issues.extend(err.issues)
         if issues:
             failures.append(f"{where}:\n{ConfigError(issues)}")
     if failures:
@@ -289,31 +358,92 @@ def _validate_sweep(argv: List[str]) -> None:
         record_planned(Path(parents.pop()), points)  # the index lists every point before the first runs
 
 
+def _is_flagged(argv: List[str]) -> bool:
+    """A flag (``--cfg``, ``--help``, ``-m``...): Hydra may run no task, or many."""
+    return any(a.startswith("-") for a in argv)
+
+
+def _wants_traceback(argv: List[str]) -> bool:
+    """The user asked for tracebacks: ``log_level=DEBUG`` or ``HYDRA_FULL_ERROR=1``."""
+    levels = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("log_level=")]
+    return (bool(levels) and levels[-1].strip().upper() == "DEBUG") or \
+        (_user_full_error or "").strip().lower() in ("1", "true", "yes")
+
+
+def _refuse_unplannable_run_dir(argv: List[str]) -> None:
+    """A ``run_dir=`` that is (or lies below) a file: refused before Hydra fails to create it."""
+    from fsdp_workflow.config.errors import ConfigError
+    from fsdp_workflow.plan.run_dir import run_dir_problem
+
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
+    if not given or _is_multirun(argv) or _is_sweep(f"run_dir={given[-1]}"):
+        return
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:  # Hydra's own reading of the value: quotes and escapes as Hydra will apply them
+        value = str(OverridesParser.create().parse_override(f"run_dir={given[-1]}").value())
+    except Exception:  # a syntax error: Hydra reports it with its own message
+        return
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.isdir(path):
+        _existing_dirs.append(path)  # the user's: a refusal must not remove it, even when empty
+    problem = run_dir_problem(value)
+    if problem is not None and not os.path.isdir(path):
+        print(f"fsdp_workflow: invalid config\n{ConfigError([problem])}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
+    """Run the command line (``argv`` without the program name; default ``sys.argv[1:]``)."""
     from fsdp_workflow.config.load import normalize_overrides
 
-    global _no_experiment
+    global _no_experiment, _pending_issues, _user_full_error
     from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.keys import override_key_issues
     from fsdp_workflow.config.load import experiment_selected
 
+    _pending_issues = []
+    _existing_dirs.clear()
     normalized = normalize_overrides(list(sys.argv[1:] if argv is None else argv))
     unknown = override_key_issues(normalized)
-    if unknown:  # before Hydra: its message names no valid key, and `+key` it would accept
+    if unknown and _is_flagged(normalized):  # no single task to report them with: before Hydra
         print(f"fsdp_workflow: invalid config\n{ConfigError(unknown)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+    if unknown:
+        # Hydra would stop at the first with a message that names no valid key (and accept `+key`):
+        # leave them out of the composition and report them with every other problem.
+        _pending_issues = unknown
+        normalized = [o for o in normalized if not override_key_issues([o])]
     _no_experiment = experiment_selected(normalized) is None
+    _refuse_unplannable_run_dir(normalized)
     args = _with_run_dir_as_hydra_dir(normalized)
     _validate_sweep(args)  # every point of a -m sweep, before Hydra runs the first
     sys.argv = [sys.argv[0]] + args
+    _user_full_error = os.environ.get(_FULL_ERROR)
+    os.environ[_FULL_ERROR] = "1"  # Hydra raises its composition errors: reported below as one message
     try:
         _hydra_main()
     except SystemExit as exc:
-        # Hydra reports composition errors (unknown key, wrong type) itself and exits 1
-        # before our task runs; those are config errors too.
+        # Hydra reports command-line errors (argparse) itself and exits 1 before our task runs;
+        # those are config errors too.
         if exc.code == 1 and not _task_started:
             raise SystemExit(EXIT_USAGE) from None
         raise
+    except Exception as err:
+        if _task_started:
+            raise  # the task's own failure, not a config error: its traceback is the report
+        _restore_full_error_env()
+        if _wants_traceback(args):
+            import traceback
+
+            traceback.print_exc()
+        from fsdp_workflow.config.hydra_errors import describe
+
+        detail = "\n".join("  " + line for line in describe(err).split("\n"))
+        print(f"fsdp_workflow: invalid config\n{detail}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    finally:
+        _restore_full_error_env()
 
 
 if __name__ == "__main__":

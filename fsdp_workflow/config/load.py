@@ -9,12 +9,15 @@ every step sees exactly what was validated.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from fsdp_workflow.config.schema import WorkflowConfig, register_configs
 from fsdp_workflow.core.rundir import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from fsdp_workflow.config.errors import Issue
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The Hydra config tree and the shipped sample data live inside the package, so
@@ -53,6 +56,36 @@ def to_typed(cfg: DictConfig) -> WorkflowConfig:
         obj = OmegaConf.to_object(merged)
     assert isinstance(obj, WorkflowConfig)
     return obj
+
+
+def to_typed_collecting(cfg: DictConfig) -> Tuple[WorkflowConfig, List["Issue"]]:
+    """Like :func:`to_typed`, but unknown keys are returned as issues instead of raised.
+
+    The keys are dropped from a copy before the conversion, so every other rule can
+    still run on the rest and the user sees every problem in one report: one typo
+    must not hide the config's other errors.
+
+    Returns:
+        The typed config (without the unknown keys) and one issue per unknown key.
+
+    Raises:
+        omegaconf.errors.OmegaConfBaseException: on a missing mandatory value or a type error.
+    """
+    from omegaconf import open_dict
+
+    from fsdp_workflow.config.keys import composed_key_issues
+
+    register_resolvers()
+    unknown = composed_key_issues(cfg)
+    if unknown:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            for issue in unknown:
+                parent, _, leaf = issue.key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                if isinstance(node, DictConfig) and leaf in node:
+                    del node[leaf]
+    return to_typed(cfg), unknown
 
 
 def to_yaml(cfg: WorkflowConfig) -> str:

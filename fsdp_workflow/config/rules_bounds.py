@@ -120,10 +120,21 @@ def check_model_shape(cfg: WorkflowConfig, r: ValidationReport) -> None:
 RULES: List[Rule] = [check_bounds, check_model_shape]
 
 
-def bounds_markdown() -> str:
-    """The bounds table of ``docs/configuration.md`` (a test keeps the two equal)."""
+def bounds_markdown(composed: Optional[WorkflowConfig] = None) -> str:
+    """The bounds table of ``docs/configuration.md`` (a test keeps the two equal).
+
+    Args:
+        composed: the config a user gets without an experiment (``compose(["~experiment"])``),
+            whose values fill the default column. None: the schema's own defaults, which
+            the groups' YAML files override (e.g. ``model.vocab_size`` comes from
+            ``conf/model/tiny_llama.yaml``), so the docs pass the composed config.
+
+    Returns:
+        The markdown table.
+    """
     rows = ["| key | allowed | default |", "|---|---|---|"]
     for key, b, default in bounded_fields():
-        shown = "null" if default is None else _num(default)
+        value = _get(composed, key) if composed is not None else default
+        shown = "null" if value is None else _num(value)
         rows.append(f"| `{key}` | {describe(b)} | {shown} |")
     return "\n".join(rows)

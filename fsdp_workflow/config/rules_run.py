@@ -8,18 +8,21 @@ dry run); otherwise it is a warning.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from typing import List, Optional
 
 from fsdp_workflow.config.schema import (
     ClusterKind,
     ContainerRuntime,
+    DataFormat,
     DataSource,
+    Device,
     ModelInit,
     WorkflowConfig,
 )
 from fsdp_workflow.core.paths import output_overlap
-from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, HF_MODEL_DIR, RunDir
+from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, HF_MODEL_DIR, STEP_PREFIX, RunDir, parse_step
 from fsdp_workflow.core.sizes import parse_size
 from fsdp_workflow.config.errors import Rule, ValidationReport
 
@@ -72,6 +75,9 @@ def check_data(cfg: WorkflowConfig, r: ValidationReport) -> None:
         )
     if d.source == DataSource.synthetic and (d.path or d.eval_path):
         r.warn("data.path", d.path or d.eval_path, "synthetic data reads no files", "data.path=null")
+    if d.source != DataSource.synthetic and d.format == DataFormat.text and not d.text_field.strip():
+        r.error("data.text_field", d.text_field, "data.format=text reads each record's text from this field, "
+                "and an empty name matches none", "data.text_field=text (the field holding each document)")
     if d.source != DataSource.synthetic:
         _check_path(cfg, r, "data.path", d.path, "the training data")
         _check_path(cfg, r, "data.eval_path", d.eval_path, "the evaluation data")
@@ -115,13 +121,56 @@ def check_checkpoint(cfg: WorkflowConfig, r: ValidationReport) -> None:
             f"longer than the run (train.max_steps={t.max_steps}): no periodic checkpoint would ever be written",
             f"checkpoint.every_steps={t.max_steps} (or 0 for only the final one)",
         )
-    if ck.resume not in ("auto", "none"):
-        if not ck.resume.strip():
-            r.error("checkpoint.resume", ck.resume, "expected auto, none or a checkpoint directory",
-                    "checkpoint.resume=auto")
-        else:
-            _check_path(cfg, r, "checkpoint.resume", ck.resume,
-                        "the checkpoint to resume from (expected auto, none or a checkpoints/step-N directory)")
+    resume = (ck.resume or "").strip()
+    if resume.lower() in ("auto", "none"):
+        return
+    fix = "checkpoint.resume=auto (the newest complete checkpoint), none, or a path to a checkpoints/step-N directory"
+    if not resume:
+        r.error("checkpoint.resume", ck.resume, "expected auto, none or a checkpoint directory", fix)
+    elif _exists(resume):
+        return  # a checkpoint on this machine; the trainer checks that it is complete
+    elif not _looks_like_checkpoint_path(resume):
+        # a word, not a path: `maybe`, `latest`, `true` would fail only once the job runs
+        r.error("checkpoint.resume", ck.resume, "neither auto, none, nor a path to a checkpoint (a path holds a "
+                f"/ or ends in {STEP_PREFIX}N)", fix)
+    else:
+        _check_path(cfg, r, "checkpoint.resume", ck.resume,
+                    "the checkpoint to resume from (expected auto, none or a checkpoints/step-N directory)")
+
+
+def _looks_like_checkpoint_path(value: str) -> bool:
+    """A path (``/``, ``~``, ``.``) or a ``step-N`` name: what the trainer resumes from."""
+    return "/" in value or value.startswith(("~", ".")) or parse_step(os.path.basename(value)) is not None
+
+
+# What the installed transformers accepts as ``attn_implementation`` for training
+# (``AttentionInterface``'s keys and eager), read without importing it (it imports torch);
+# tests/config/test_three_values.py checks this list against the installed transformers.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3",
+                        "flash_attention_4")
+# The package each flash implementation imports, looked up without importing it.
+_FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface",
+                   "flash_attention_4": "flash_attn"}
+
+
+def check_attention(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """``model.attn_implementation`` is one transformers knows; flash kernels need a GPU and their package."""
+    impl = cfg.model.attn_implementation
+    if impl not in ATTN_IMPLEMENTATIONS:
+        why = ("paged attention serves generation with a paged KV cache, not training" if impl.startswith("paged|")
+               else "not an attention implementation transformers accepts (it would fail only once the job runs)")
+        r.error("model.attn_implementation", impl, why, f"one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+        return
+    package = _FLASH_PACKAGES.get(impl)
+    if package is None:
+        return
+    if cfg.cluster.device != Device.cuda:
+        r.error("model.attn_implementation", impl, f"flash attention kernels run on CUDA GPUs only "
+                f"(cluster.device={cfg.cluster.device.value})", "model.attn_implementation=sdpa")
+    elif importlib.util.find_spec(package) is None:
+        r.warn("model.attn_implementation", impl, f"needs the {package} package, which is not installed here "
+               "(fine if the cluster's environment has it)", "pip install flash-attn on the nodes, or "
+               "model.attn_implementation=sdpa")
 
 
 def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
@@ -204,6 +253,7 @@ RULES: List[Rule] = [
     check_optimizer,
     check_train_misc,
     check_checkpoint,
+    check_attention,
     check_consolidate,
     check_container,
 ]

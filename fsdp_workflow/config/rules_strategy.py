@@ -128,16 +128,14 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "with cpu_ram_efficient_loading only rank 0 loads weights; FSDP1 must broadcast them to the others",
             "strategy.sync_module_states=true (or strategy.cpu_ram_efficient_loading=false)",
         )
-    if (
-        s.name == StrategyName.fsdp1
-        and cfg.cluster.device == Device.cpu
-        and (s.sync_module_states or s.cpu_ram_efficient_loading)
-    ):
+    if s.name == StrategyName.fsdp1 and cfg.cluster.device == Device.cpu:
+        # Whatever sync_module_states says: Accelerate enables FSDP1 only on accelerators, and the
+        # trainer stops every rank at start ("needs CUDA"). Its sync flags are not a way out.
         r.error(
-            "strategy.sync_module_states", s.sync_module_states,
-            "Accelerate's FSDP1 plugin needs an accelerator for sync_module_states (forced on by "
-            "cpu_ram_efficient_loading) and raises 'no available devices' on a CPU host",
-            "strategy=fsdp2 for CPU runs, or strategy.sync_module_states=false strategy.cpu_ram_efficient_loading=false",
+            "strategy.name", s.name,
+            "FSDP1 needs CUDA: Accelerate only enables FSDP1 on accelerators (its sync_module_states raises "
+            "'no available devices' on a CPU host), and this trainer shards on CPU with FSDP2 only",
+            "strategy=fsdp2 for CPU runs (same checkpoint layout), strategy=ddp, or cluster.device=cuda",
         )
 
 

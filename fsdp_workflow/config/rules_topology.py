@@ -7,6 +7,8 @@ queue; these rules catch it on the login node.
 
 from __future__ import annotations
 
+import math
+
 from typing import List
 
 from fsdp_workflow.config.accelerate_env import is_deepspeed, is_fsdp
@@ -56,7 +58,7 @@ def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:
         r.error(
             "train.mixed_precision", "fp16",
             "Accelerate refuses fp16 mixed precision on CPU (it needs a GPU and a grad scaler)",
-            "train.mixed_precision=bf16 (or no) for device=cpu",
+            "train.mixed_precision=bf16 (or train.mixed_precision=no) on a CPU host",
         )
     if c.device == Device.cpu and is_deepspeed(cfg.strategy.name):
         r.error(
@@ -98,7 +100,7 @@ def check_single_process_fsdp(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "cluster.launcher", "accelerate",
             "with one process, `accelerate launch` starts a plain single-process run "
             "(DistributedType.NO) and drops FSDP without a word (seen on an H100)",
-            "cluster.launcher=torchrun (keeps FSDP with one process), or cluster.processes_per_node=2+",
+            "cluster.launcher=torchrun (keeps FSDP with one process), or cluster.processes_per_node=2 or more",
         )
     else:
         r.warn(
@@ -155,8 +157,8 @@ def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 f"a tensor-parallel group would span nodes ({c.processes_per_node} processes per node): TP "
                 "all-reduces every layer's activations, which the inter-node network makes slower than "
                 "the memory it saves",
-                f"a strategy.tensor_parallel_size dividing cluster.processes_per_node={c.processes_per_node} "
-                "(shard across nodes with FSDP instead)",
+                f"strategy.tensor_parallel_size={math.gcd(tp, c.processes_per_node)} (a size dividing the "
+                f"{c.processes_per_node} processes per node; shard across nodes with FSDP instead)",
             )
     if rep > 1 and tp * cp > 1 and world == rep * tp * cp:
         r.error(

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from fsdp_workflow.config import rules_bounds, rules_env, rules_run, rules_strategy, rules_topology, rules_trackers
+from fsdp_workflow.config import (
+    rules_bounds,
+    rules_env,
+    rules_finite,
+    rules_run,
+    rules_strategy,
+    rules_topology,
+    rules_trackers,
+)
+from fsdp_workflow.config.rules_finite import NONFINITE_WHY
 from fsdp_workflow.config.errors import BOUNDS_WHY, ConfigError, Issue, Rule, ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
 
@@ -29,7 +38,7 @@ __all__ = ["ConfigError", "Issue", "Rule", "ValidationReport", "all_rules", "val
 
 def all_rules() -> List[Rule]:
     """Every rule of the config stage, in the order its messages are reported."""
-    return [*rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
+    return [*rules_finite.RULES, *rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
             *rules_env.RULES, *rules_trackers.RULES]
 
 
@@ -54,4 +63,7 @@ def validate(cfg: WorkflowConfig, extra_rules: Sequence[Rule] = ()) -> Validatio
     # other rules draw from the same bad value.
     out_of_bounds = {i.key for i in report.errors if i.why.startswith(BOUNDS_WHY)}
     report.errors = [i for i in report.errors if i.key not in out_of_bounds or i.why.startswith(BOUNDS_WHY)]
+    # A non-finite value likewise hides what the other rules (bounds included) make of it.
+    nonfinite = {i.key for i in report.errors if i.why.startswith(NONFINITE_WHY)}
+    report.errors = [i for i in report.errors if i.key not in nonfinite or i.why.startswith(NONFINITE_WHY)]
     return report

@@ -118,3 +118,89 @@ def check_data_format(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 RULES = [check_data_format]
+
+
+# ------------------------------------------------------------------ vocabulary (appended for issue 24)
+TOKENIZER_FILE = "tokenizer.json"  # a fast tokenizer's whole vocabulary, added tokens included
+MODEL_CONFIG_FILE = "config.json"
+
+
+def _max_id(node: object) -> int:
+    """The largest token id of a ``tokenizer.json`` model vocabulary (-1 when there is none).
+
+    BPE, WordPiece and WordLevel map token -> id; Unigram lists ``[token, score]`` (the id is the index).
+    """
+    if isinstance(node, dict):
+        ids = [v for v in node.values() if isinstance(v, int)]
+        return max(ids, default=-1)
+    if isinstance(node, list):
+        return len(node) - 1
+    return -1
+
+
+def tokenizer_vocab_size(directory: str) -> Optional[int]:
+    """How many ids a tokenizer directory can produce (its largest id + 1), read from its JSON files.
+
+    Planning must not import transformers (it imports torch), so the size comes from
+    ``tokenizer.json`` (the model's vocabulary and ``added_tokens``) and
+    ``tokenizer_config.json`` (``added_tokens_decoder``). A test checks it against
+    ``len(AutoTokenizer.from_pretrained(directory))``.
+
+    Returns:
+        The size, or None when neither file can be read here (e.g. a slow tokenizer only).
+    """
+    largest, found = -1, False
+    try:
+        with open(os.path.join(directory, TOKENIZER_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+        largest = max(largest, _max_id((data.get("model") or {}).get("vocab")))
+        largest = max([largest, *(t.get("id", -1) for t in data.get("added_tokens") or [] if isinstance(t, dict))])
+        found = True
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    try:
+        with open(os.path.join(directory, TOKENIZER_CONFIG), encoding="utf-8") as f:
+            decoder = json.load(f).get("added_tokens_decoder") or {}
+        largest = max([largest, *(int(k) for k in decoder if str(k).isdigit())])
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return largest + 1 if found and largest >= 0 else None
+
+
+def _embedding_rows(cfg: WorkflowConfig) -> Optional[int]:
+    """``model.vocab_size`` for a random init, else the pretrained model's ``config.json`` (None if unreadable)."""
+    from fsdp_workflow.config.schema import ModelInit
+
+    if cfg.model.init == ModelInit.random or not cfg.model.name_or_path:
+        return cfg.model.vocab_size
+    try:
+        with open(os.path.join(cfg.model.name_or_path, MODEL_CONFIG_FILE), encoding="utf-8") as f:
+            value = json.load(f).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def check_vocab_fits(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """The tokenizer's ids fit the model's embedding rows: refused at planning, not in prepare or on a GPU."""
+    from fsdp_workflow.config.schema import ModelInit
+    from fsdp_workflow.data.tokenizer import BYTE_VOCAB_SIZE
+
+    if cfg.data.source == DataSource.synthetic:
+        return  # random ids below model.vocab_size: no tokenizer runs
+    directory = tokenizer_source(cfg.model)
+    size = BYTE_VOCAB_SIZE if directory is None else tokenizer_vocab_size(directory)
+    rows = _embedding_rows(cfg)
+    if size is None or rows is None or size <= rows:
+        return
+    source = "the built-in byte-level tokenizer" if directory is None else f"the tokenizer in {directory}"
+    why = (f"{source} has {size} token ids but the model has {rows} embedding rows: ids past {rows - 1} "
+           "would crash training")
+    if cfg.model.init == ModelInit.random:
+        r.error("model.vocab_size", rows, why, f"model.vocab_size={size} (or a model.tokenizer with at most {rows} ids)")
+    else:
+        r.error("model.tokenizer", directory, why + f" (the model's {MODEL_CONFIG_FILE} says vocab_size={rows})",
+                "model.tokenizer=null to use the model's own tokenizer (or one with at most that many ids)")
+
+
+RULES.append(check_vocab_fits)

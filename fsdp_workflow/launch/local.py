@@ -20,9 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import List
+from typing import List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_REQUEUE
+from fsdp_workflow.core.lock import Lock
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT
 from fsdp_workflow.plan.jobs import LaunchPlan
 
@@ -75,7 +76,7 @@ def _this_python(argv: List[str]) -> List[str]:
     return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
 
 
-def run_local(plan: LaunchPlan, consolidate: bool) -> int:
+def run_local(plan: LaunchPlan, consolidate: bool, lock: Optional[Lock] = None) -> int:
     """Train, then consolidate. Returns the exit code for the CLI."""
     layout = plan.layout
     env = _as_if_activated(dict(os.environ))

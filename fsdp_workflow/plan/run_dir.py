@@ -4,20 +4,30 @@ Every run directory records what was (or would be) submitted, so a failed
 job can be understood, and rerun with ``bash RUN_DIR/submit.sh``, without
 the machine that planned it.
 
-A run directory is never reused by accident: planning into one whose
-``config.yaml`` records a different run is refused (:func:`check_run_dir_reuse`),
-since the trainer would otherwise resume (``checkpoint.resume=auto``) from that
-run's checkpoints under the new config. Slurm requeues rerun the written
-``train.sbatch`` and never plan again, so they are not affected.
+A run directory is never reused by accident:
+
+- ``run_dir`` must be a new directory, an empty one, or a run of this tool
+  (:func:`run_dir_problem`). A run of this tool is recognised by the two
+  files the planner writes into every run directory, ``config.yaml`` and
+  ``provenance.json`` (the lock file ``.lock`` alone does not make a directory
+  non-empty). Anything else (``/``, a home directory, a file) is refused before
+  anything is written, so the planner never scatters its files among a user's.
+- planning into a run whose ``config.yaml`` records a different run is refused
+  (:func:`check_run_dir_reuse`), since the trainer would otherwise resume
+  (``checkpoint.resume=auto``) from that run's checkpoints under the new config.
+  Slurm requeues rerun the written ``train.sbatch`` and never plan again, so they
+  are not affected.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 from omegaconf import OmegaConf
@@ -27,7 +37,14 @@ from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import ConfigError, Issue, show_value
 from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
-from fsdp_workflow.core.rundir import CONFIG_FILE, STEP_PREFIX, atomic_write_json, atomic_write_text
+from fsdp_workflow.core.rundir import (
+    CONFIG_FILE,
+    PROVENANCE_FILE,
+    RUN_LOCK_FILE,
+    STEP_PREFIX,
+    atomic_write_json,
+    atomic_write_text,
+)
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import render_all, render_launch_env
 from fsdp_workflow.plan.snapshot import write_snapshot
@@ -151,11 +168,68 @@ def check_run_dir_reuse(cfg: WorkflowConfig) -> None:
     )])
 
 
+def run_dir_problem(run_dir: str) -> Optional[Issue]:
+    """None when ``run_dir`` may be planned into: a new directory, an empty one, or a run of this tool.
+
+    Args:
+        run_dir: the configured ``run_dir`` (``~`` expanded; relative to the working directory).
+
+    Returns:
+        None, or the issue (on key ``run_dir``) saying why the path is refused.
+    """
+    path = Path(os.path.expanduser(str(run_dir)))
+    fix = "run_dir=DIR naming a new directory (it is created), an empty one, or an earlier run of this tool"
+    for parent in [path, *path.parents]:  # a file on the way makes every write fail
+        if parent.exists() and not parent.is_dir():
+            what = "is a file" if parent == path else f"lies below {parent}, which is a file"
+            return Issue("run_dir", str(run_dir), f"{what}, not a directory", fix)
+        if parent.exists():
+            break
+    if not path.is_dir():
+        return None
+    try:
+        entries = [p.name for p in path.iterdir() if p.name != RUN_LOCK_FILE]
+    except OSError as err:
+        return Issue("run_dir", str(run_dir), f"cannot be listed ({err.strerror})", fix)
+    if not entries or is_run_of_this_tool(path):
+        return None
+    shown = ", ".join(sorted(entries)[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    return Issue("run_dir", str(run_dir),
+                 f"is a non-empty directory that holds no run of this tool (it has {shown}; a run has "
+                 f"{CONFIG_FILE} and {PROVENANCE_FILE}): the planner would write its config, scripts, "
+                 "code/ and logs/ among these files", fix)
+
+
+def is_run_of_this_tool(path: Path) -> bool:
+    """A directory the planner wrote: it holds both ``config.yaml`` and ``provenance.json``."""
+    return (path / CONFIG_FILE).is_file() and (path / PROVENANCE_FILE).is_file()
+
+
+def written_names(plan: LaunchPlan) -> List[str]:
+    """What :func:`write_run_dir` wrote for ``plan``, from its provenance record, in order.
+
+    The "wrote" line of a dry run lists these, never files that were there before.
+    """
+    layout = plan.layout
+    try:
+        files = list(json.loads(layout.provenance.read_text()).get("files", []))
+    except (OSError, ValueError, AttributeError):
+        files = []
+    names = sorted({*files, layout.provenance.name})
+    if plan.code_dir is not None:
+        names.append(f"{layout.code.name}/")
+    return names
+
+
 def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
     """Create ``cfg.run_dir`` and write everything a launch needs into it.
 
     Returns:
         The plan the scripts were rendered from.
+
+    The CLI asks :func:`run_dir_problem` first (with the config's other problems, before
+    it takes the run's lock); this function, also used by tests to rewrite a run's
+    scripts, checks only the reuse rule.
 
     Raises:
         ConfigError: ``cfg.run_dir`` holds a different run (:func:`check_run_dir_reuse`);

@@ -1,0 +1,81 @@
+"""Hydra's composition errors as one message naming the file (and line), for exit code 2.
+
+Hydra reports a YAML syntax error in an experiment file with a 95-line
+traceback, and an unknown group option with its whole search path. Both are
+the user's config, not a crash: the CLI lets Hydra raise them
+(``HYDRA_FULL_ERROR=1`` inside), and :func:`describe` turns them into the
+lines printed under ``fsdp_workflow: invalid config``. The traceback is shown
+only when the user asked for it (``log_level=DEBUG`` or ``HYDRA_FULL_ERROR=1``).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+_HIDDEN_OPTION_SUFFIX = "_schema"  # the typed schemas registered in each group: not something to select
+
+
+def _chain(err: BaseException) -> List[BaseException]:
+    """``err`` and its causes / contexts, outermost first (cycles cut)."""
+    out: List[BaseException] = []
+    cur: Optional[BaseException] = err
+    while cur is not None and cur not in out:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _yaml_message(err: BaseException) -> str:
+    """``FILE, line L, column C: YAML syntax error: problem (context at line L')`` from a marked YAML error."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    if mark is None:
+        return f"YAML syntax error: {problem}"
+    out = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {problem}"
+    context, ctx = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and ctx is not None and ctx is not mark:
+        out += f" ({context} at line {ctx.line + 1}, column {ctx.column + 1})"
+    return out
+
+
+def _missing_option_message(text: str) -> str:
+    """Hydra's "Could not find 'group/option'" without the search path, and without the schema entries."""
+    lines = text.split("\n")
+    if "Config search path:" in lines:
+        at = lines.index("Config search path:")
+        paths = [ln.strip().split("path=", 1)[-1] for ln in lines[at + 1:] if "path=" in ln]
+        lines = lines[:at]
+        user = [p for p in paths if p.startswith("file://")]
+        if user:
+            lines.append("searched (as group/option.yaml): " + ", ".join(user))
+    lines = [ln for ln in lines if not (ln.startswith("\t") and ln.strip().endswith(_HIDDEN_OPTION_SUFFIX))]
+    return "\n".join(ln.replace("\t", "  ") for ln in lines if ln.strip())
+
+
+def describe(err: BaseException) -> str:
+    """The lines (without a heading) that say what is wrong with the composed config and where.
+
+    Args:
+        err: what Hydra raised before the task ran.
+
+    Returns:
+        One message: for a YAML error its file, line and column; for an unknown group
+        option the group, the option and the options there are; otherwise Hydra's own
+        message followed by its cause's first lines (the key and the value).
+    """
+    import yaml
+    from hydra.errors import MissingConfigException
+
+    chain = _chain(err)
+    for e in chain:
+        if isinstance(e, yaml.YAMLError):
+            return _yaml_message(e)
+    if isinstance(err, MissingConfigException):
+        return _missing_option_message(str(err))
+    parts = [str(err).strip()]
+    for e in chain[1:]:
+        text = "\n".join(ln for ln in str(e).strip().split("\n")
+                         if not ln.strip().startswith(("reference_type=", "object_type=")))
+        if text and text not in parts[-1]:
+            parts.append(text)
+    return "\n".join(parts)
