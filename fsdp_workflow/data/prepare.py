@@ -455,6 +455,10 @@ def _mix(cfg: WorkflowConfig, sources: Sequence[Source], read: Sequence[_Docs], 
     total = sum(len(t) for t in train_idx)
     order = rng.permutation(total)
     rows = _rows(sources, read, parts, held_parts if held is None else [])
+    for src, row in zip(sources, rows):
+        if row["train_documents"] == 0:
+            log.warning("prepare: %s (%s) gives no training document: its share of a mixture of %s documents "
+                        "rounds to 0; raise its weight, or give num_samples", src.key, src.name, f"{total:,}")
     # one list of (docs, index) pairs in the final order: runs of the same source are merged by _take_all
     owner = np.concatenate([np.full(len(t), i, np.int64) for i, t in enumerate(train_idx)])[order]
     local = np.concatenate(train_idx)[order]
