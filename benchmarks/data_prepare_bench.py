@@ -1,22 +1,27 @@
-"""Prepare throughput against a plain ``datasets.map`` baseline, on generated chat JSONL.
+"""Prepare against ``datasets.map(batched=True, num_proc=N)`` computing the same tokens and masks, side by side.
 
-    python benchmarks/data_prepare_bench.py [--mb 200] [--workers 2] [--out /tmp/prep_bench]
+    python benchmarks/data_prepare_bench.py [--conversations 20000] [--workers 2] [--repeats 3] [--out /tmp/prep_bench]
 
-Generates ``--mb`` MB of conversations (seeded; system/user/assistant turns of
-words from the shipped corpus), trains a small byte-level BPE tokenizer on the
-shipped corpus (vocabulary 8000, chatml template), then runs, one after the
-other, each in a fresh process:
+Generates ``--conversations`` chat records (seeded; half with a system turn,
+1-3 user/assistant exchanges of words from the shipped corpus), trains an
+8000-token BPE tokenizer on the shipped corpus (chatml template, which has
+``{% generation %}`` markers), then runs the two sides ``--repeats`` times,
+interleaved (A B, B A, A B, ...), each in a fresh process with a fresh cache:
 
 - ``prepare``: :func:`fsdp_workflow.data.prepare.prepare` with ``--workers``
-  processes: reading, chatml rendering, assistant masks (prefix rendering and
-  offsets), tokenising, packing and writing the cache;
-- ``baseline``: ``datasets.load_dataset("json")`` then
-  ``map(tokenize, batched=True, num_proc=2)`` where ``tokenize`` renders the
-  same template with ``apply_chat_template(tokenize=False)`` and tokenises: no
-  masks, no packing, no cache of ours.
+  processes: reading, rendering, assistant masks, tokenising, shuffling,
+  packing and writing the verified cache;
+- ``peer``: ``datasets.load_dataset("json")`` then ``map(batched=True,
+  num_proc=--workers)`` calling transformers'
+  ``apply_chat_template(tokenize=True, return_dict=True,
+  return_assistant_tokens_mask=True)``: the same rendering, the same token ids
+  and the same trained tokens (``assistant_masks``; our labels equal them,
+  tests/data/test_masks.py), but no packing or cache of ours.
 
-It prints tokens/s (tokens of the rendered conversations, the same count for
-both) and the peak RSS of the largest process of each run.
+The two must agree on the token count and the trained-token count (checked).
+Reported per side: the median wall time, tokens/s, and the peak of the summed
+RSS of the process and all its children (sampled every 20 ms by this script),
+plus the machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -25,25 +30,24 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def generate(path: Path, mb: float, seed: int = 0) -> int:
-    """Write about ``mb`` MB of chat JSONL; returns the record count."""
+def generate(path: Path, conversations: int, seed: int = 0) -> int:
+    """Write ``conversations`` chat records as JSONL; returns the count."""
     words = (ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt").read_text().split()
     rng = random.Random(seed)
-    target = int(mb * 1e6)
     n = 0
-    size = 0
     with open(path, "w") as fh:
-        while size < target:
+        while n < conversations:
             msgs = []
             if rng.random() < 0.5:
                 msgs.append({"role": "system", "content": " ".join(rng.choices(words, k=rng.randint(5, 20)))})
@@ -52,7 +56,6 @@ def generate(path: Path, mb: float, seed: int = 0) -> int:
                 msgs.append({"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(20, 150)))})
             line = json.dumps({"messages": msgs}) + "\n"
             fh.write(line)
-            size += len(line)
             n += 1
     return n
 
@@ -81,56 +84,91 @@ def run_prepare(data: Path, tok_dir: Path, out: Path, workers: int) -> dict:
                                              ModelConfig, ModelInit, OptimizerConfig, StrategyConfig, StrategyName,
                                              WorkflowConfig)
     from fsdp_workflow.data.prepare import prepare
+    from fsdp_workflow.data.tokenizer import load_tokenizer
 
     cfg = WorkflowConfig(
         model=ModelConfig(name="bench", init=ModelInit.random, tokenizer=str(tok_dir), vocab_size=8000),
         data=DataConfig(source=DataSource.jsonl, path=str(data), format=DataFormat.conversation,
-                        chat_template="chatml", eval_fraction=0.01, cache_dir=str(out / "cache")),
+                        chat_template="chatml", eval_fraction=0.0, cache_dir=str(out / "cache")),
         strategy=StrategyConfig(name=StrategyName.ddp), optimizer=OptimizerConfig(), cluster=ClusterConfig(),
         container=ContainerConfig(), run_dir=str(out / "run"))
     cfg.train.seq_len = 4096
-    from fsdp_workflow.data.tokenizer import load_tokenizer
-
-    load_tokenizer(cfg.model)  # imports transformers outside the timing, as the baseline does
+    load_tokenizer(cfg.model)  # imports transformers outside the timing, as the peer does
     t0 = time.perf_counter()
-    p = prepare(cfg, num_workers=workers, progress=True)
+    p = prepare(cfg, num_workers=workers, progress=False)
     dt = time.perf_counter() - t0
-    tokens = sum(s["tokens"] for s in p.meta["splits"].values())
-    return {"seconds": dt, "tokens": tokens, "records": p.meta["records"], "reused": p.reused}
+    tr = p.meta["splits"]["train"]
+    # + one per document: the first token's label is -100 by construction (nothing predicts across documents);
+    # it is an <|im_start|> header token, never in an assistant mask, so this changes nothing here
+    return {"seconds": dt, "tokens": tr["tokens"], "trained": tr["trained_tokens"], "records": p.meta["records"]}
 
 
-def run_baseline(data: Path, tok_dir: Path, out: Path, workers: int) -> dict:
-    from datasets import load_dataset
+def run_peer(data: Path, tok_dir: Path, out: Path, workers: int) -> dict:
+    from datasets import disable_caching, load_dataset
     from transformers import AutoTokenizer
 
+    disable_caching()
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
 
     def tokenize(batch: dict) -> dict:
-        texts = tok.apply_chat_template(batch["messages"], tokenize=False)
-        return tok(texts, add_special_tokens=False)
+        enc = tok.apply_chat_template(batch["messages"], tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        return {"input_ids": enc["input_ids"], "assistant_masks": enc["assistant_masks"]}
 
     t0 = time.perf_counter()
     ds = load_dataset("json", data_files=str(data), split="train", cache_dir=str(out / "hf_cache"))
     ds = ds.map(tokenize, batched=True, num_proc=workers, remove_columns=ds.column_names)
     dt = time.perf_counter() - t0
-    tokens = sum(len(x) for x in ds.with_format("numpy")["input_ids"])
-    return {"seconds": dt, "tokens": int(tokens), "records": len(ds)}
+    cols = ds.with_format("numpy")
+    tokens = sum(len(x) for x in cols["input_ids"])
+    trained = sum(int(x.sum()) for x in cols["assistant_masks"])
+    return {"seconds": dt, "tokens": int(tokens), "trained": trained, "records": len(ds)}
 
 
 def one(args: argparse.Namespace) -> None:
-    fn = run_prepare if args.one == "prepare" else run_baseline
+    fn = run_prepare if args.one == "prepare" else run_peer
     res = fn(Path(args.data), Path(args.tok), Path(args.out), args.workers)
-    res["peak_rss_mb_self"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    res["peak_rss_mb_children"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print("RESULT " + json.dumps(res))
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def _tree_rss(proc: "psutil.Process") -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def measure(cmd: list, env: dict) -> tuple:
+    """Run ``cmd``; return (its RESULT dict, the peak of the summed RSS of it and its children, in MB)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, _tree_rss(ps))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate()
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not line:
+        sys.exit(f"{cmd[-1]} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return json.loads(line[0][len("RESULT "):]), peak / 2**20
 
 
 def main() -> None:
+    import shutil
+    import statistics
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mb", type=float, default=200.0)
+    ap.add_argument("--conversations", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="/tmp/prep_bench")
-    ap.add_argument("--one", choices=["prepare", "baseline"], help=argparse.SUPPRESS)
+    ap.add_argument("--one", choices=["prepare", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tok", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -138,30 +176,40 @@ def main() -> None:
         one(args)
         return
     out = Path(args.out)
-    import shutil
-
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     data = out / "chat.jsonl"
-    t0 = time.perf_counter()
-    n = generate(data, args.mb)
-    print(f"generated {data} ({os.path.getsize(data) / 1e6:.0f} MB, {n:,} conversations) in "
-          f"{time.perf_counter() - t0:.0f}s", flush=True)
+    n = generate(data, args.conversations)
     tok_dir = build_tokenizer(out / "tokenizer")
-    results = {}
-    for which in ("prepare", "baseline"):
-        cmd = [sys.executable, __file__, "--one", which, "--data", str(data), "--tok", str(tok_dir),
-               "--out", str(out), "--workers", str(args.workers)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode or not line:
-            sys.exit(f"{which} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        results[which] = json.loads(line[0][len("RESULT "):])
-    print(f"\n{'':10} {'seconds':>9} {'tokens':>13} {'tokens/s':>11} {'peak RSS MB (main / largest worker)':>38}")
-    for which, r in results.items():
-        print(f"{which:10} {r['seconds']:9.1f} {r['tokens']:13,} {r['tokens'] / r['seconds']:11,.0f} "
-              f"{r['peak_rss_mb_self']:18,.0f} / {r['peak_rss_mb_children']:,.0f}")
-    print(json.dumps({"mb": args.mb, "workers": args.workers, **results}))
+    print(f"{data}: {n:,} conversations, {os.path.getsize(data) / 1e6:.1f} MB", flush=True)
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    load_before = os.getloadavg()
+    runs: dict = {"prepare": [], "peer": []}
+    for r in range(args.repeats):
+        order = ("prepare", "peer") if r % 2 == 0 else ("peer", "prepare")
+        for which in order:
+            run_out = out / f"{which}{r}"
+            cmd = [sys.executable, __file__, "--data", str(data), "--tok", str(tok_dir), "--out", str(run_out),
+                   "--workers", str(args.workers), "--one", which]
+            res, peak = measure(cmd, env)
+            res["peak_rss_mb"] = peak
+            runs[which].append(res)
+            print(f"round {r} {which:8} {res['seconds']:7.2f} s  {res['tokens']:,} tokens  "
+                  f"{res['trained']:,} trained  peak {peak:,.0f} MB  load {os.getloadavg()[0]:.1f}", flush=True)
+            shutil.rmtree(run_out, ignore_errors=True)
+    a, b = runs["prepare"][0], runs["peer"][0]
+    if (a["tokens"], a["trained"]) != (b["tokens"], b["trained"]):
+        sys.exit(f"the two sides disagree: prepare {a['tokens']:,} tokens / {a['trained']:,} trained, "
+                 f"peer {b['tokens']:,} / {b['trained']:,}")
+    med = {w: statistics.median(x["seconds"] for x in rs) for w, rs in runs.items()}
+    peak = {w: max(x["peak_rss_mb"] for x in rs) for w, rs in runs.items()}
+    print(f"\n{'':9} {'median s':>9} {'tokens/s':>11} {'peak RSS, all processes (MB)':>30}")
+    for w in runs:
+        print(f"{w:9} {med[w]:9.2f} {a['tokens'] / med[w]:11,.0f} {peak[w]:30,.0f}")
+    print(f"speed-up {med['peer'] / med['prepare']:.2f}x; load average {load_before[0]:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
+    print(json.dumps({"conversations": n, "workers": args.workers, "median_s": med, "peak_rss_mb": peak,
+                      "load_before": load_before, "load_after": os.getloadavg(), "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ def check_model(cfg: WorkflowConfig, r: ValidationReport) -> None:
 def check_data(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """File sources need a path; eval split settings must make sense."""
     d = cfg.data
+    if d.sources:
+        return  # a mixture: fsdp_workflow.data.rules_mixture checks data.path and every source
     if d.source != DataSource.synthetic and not d.path:
         r.error(
             "data.path", d.path,

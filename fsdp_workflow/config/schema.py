@@ -234,11 +234,31 @@ class ModelConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One source of a mixture (``data.sources``): its files, how to read them, and its share.
+
+    Unset keys (null) take the ``data.*`` value of the same name. Give a source
+    ``weight`` or ``num_samples``, and every source the same one of the two
+    (docs/data.md, "Mixtures").
+    """
+
+    path: str = MISSING  # file, directory or glob (a save_to_disk directory for hf_disk)
+    name: Optional[str] = None  # shown in the summary, status and meta.json; None: the file name of path
+    source: Optional[DataSource] = None  # how records are read; None: data.source
+    format: Optional[DataFormat] = None  # what a record holds; None: data.format
+    text_field: Optional[str] = None  # format=text: the text field; None: data.text_field
+    fields: Optional[Dict[str, str]] = None  # canonical name -> this source's field name; None: data.fields
+    weight: Optional[float] = None  # relative share of the training documents (normalised over the sources), > 0
+    num_samples: Optional[int] = None  # exactly this many training documents (repeats the source when larger)
+
+
+@dataclass
 class DataConfig:
     """Where training text comes from and how it is turned into packed sequences."""
 
     source: DataSource = DataSource.synthetic
-    path: Optional[str] = None  # file, directory or glob; unused for synthetic
+    path: Optional[str] = None  # file, directory or glob; unused for synthetic. One source; data.sources: several
+    sources: List[SourceConfig] = field(default_factory=list)  # a mixture (instead of data.path), mixed by data.seed
     format: DataFormat = DataFormat.text  # what a record holds, hence what is trained (see TrainOn)
     text_field: str = "text"  # JSONL/Parquet/HF column holding the text (format=text)
     fields: Dict[str, str] = field(default_factory=dict)  # canonical name (DATA_FIELDS) -> the dataset's field name
@@ -251,7 +271,7 @@ class DataConfig:
     eval_path: Optional[str] = None  # held-out data for perplexity; None: hold out eval_fraction
     eval_fraction: float = bounded(0.05, ge=0, lt=1)  # share of documents held out when eval_path is None
     add_eos: bool = True  # append EOS after each document (format=text)
-    seed: int = bounded(1234, ge=0)  # shuffling seed (independent of train.seed)
+    seed: int = bounded(1234, ge=0)  # shuffling and mixing seed (independent of train.seed)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import List, Optional
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import (
@@ -21,6 +21,8 @@ from fsdp_workflow.config.schema import (
     TrainOn,
     WorkflowConfig,
 )
+from fsdp_workflow.data.mixture import Source, resolve_sources
+from fsdp_workflow.data.rules_mixture import check_sources
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from fsdp_workflow.data.tokenizer import tokenizer_source  # imports transformers only when loading
 
@@ -47,11 +49,11 @@ def tokenizer_has_template(directory: str) -> Optional[bool]:
         return False
 
 
-def _check_template(cfg: WorkflowConfig, r: ValidationReport) -> None:
+def _check_template(cfg: WorkflowConfig, r: ValidationReport, formats: List[DataFormat]) -> None:
     d = cfg.data
-    uses_template = d.format == DataFormat.conversation
+    uses_template = DataFormat.conversation in formats
     if d.chat_template is not None:
-        if d.format == DataFormat.text:
+        if all(f == DataFormat.text for f in formats):
             r.error("data.chat_template", d.chat_template, "data.format=text reads plain text: no template applies",
                     "data.chat_template=null, or data.format=conversation")
         elif d.chat_template.endswith(".jinja"):
@@ -84,40 +86,52 @@ def _check_template(cfg: WorkflowConfig, r: ValidationReport) -> None:
                "(fine if it does on the cluster)", fix + " to be sure")
 
 
+def _check_source_format(src: Source, r: ValidationReport) -> None:
+    """One source's reader, format and field keys (``data.*`` for data.path, ``data.sources[i].*`` in a mixture)."""
+    if src.source == DataSource.text and src.format != DataFormat.text:
+        r.error(src.sub("format"), src.format, f"{src.sub('source')}=text reads plain text files, which have no "
+                "fields", f"{src.sub('format')}=text, or {src.sub('source')}=jsonl for records")
+    unknown = sorted(set(src.fields) - set(DATA_FIELDS))
+    if unknown:
+        r.error(src.sub("fields"), dict(src.fields), f"unknown field name(s) {unknown}",
+                f"map these canonical names only: {', '.join(DATA_FIELDS)}")
+    if src.format == DataFormat.text:
+        if src.fields:
+            r.error(src.sub("fields"), dict(src.fields), f"{src.sub('format')}=text reads one field, "
+                    f"{src.sub('text_field')}", f"{src.sub('text_field')}=NAME instead of {src.sub('fields')}")
+    elif src.text_field != "text":
+        r.error(src.sub("text_field"), src.text_field, f"{src.sub('format')}={src.format.value} reads "
+                f"{src.sub('fields')}, not text_field",
+                f"{src.sub('fields')}.NAME=... (e.g. +{src.sub('fields')}.messages=conversation)")
+
+
 def check_data_format(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Format, source and masking keys that only make sense together."""
+    """Format, source and masking keys that only make sense together (for every source of a mixture)."""
     d = cfg.data
-    if d.source == DataSource.synthetic:
+    if d.source == DataSource.synthetic and not d.sources:
         changed = [k for k, v in (("format", d.format != DataFormat.text), ("chat_template", d.chat_template),
                                   ("fields", d.fields), ("cache_dir", d.cache_dir)) if v]
         for key in changed:
             r.error(f"data.{key}", getattr(d, key), "data.source=synthetic draws random tokens: nothing is read "
                     "or prepared", f"remove data.{key}, or a file source (data=jsonl data.path=...)")
         return
-    if d.source == DataSource.text and d.format != DataFormat.text:
-        r.error("data.format", d.format, "data.source=text reads plain text files, which have no fields",
-                "data.format=text, or data.source=jsonl for records")
-    unknown = sorted(set(d.fields) - set(DATA_FIELDS))
-    if unknown:
-        r.error("data.fields", dict(d.fields), f"unknown field name(s) {unknown}",
-                f"map these canonical names only: {', '.join(DATA_FIELDS)}")
-    if d.format == DataFormat.text:
-        if d.fields:
-            r.error("data.fields", dict(d.fields), "data.format=text reads one field, data.text_field",
-                    "data.text_field=NAME instead of data.fields")
-        if d.train_on != TrainOn.assistant:
-            r.error("data.train_on", d.train_on, "data.format=text trains every token; train_on chooses among "
-                    "the turns of conversations, completions and outputs", "remove data.train_on, or another format")
-    elif d.text_field != "text":
-        r.error("data.text_field", d.text_field, f"data.format={d.format.value} reads data.fields, not text_field",
-                "data.fields.NAME=... (e.g. +data.fields.messages=conversation)")
-    if d.format == DataFormat.prompt_completion and d.train_on == TrainOn.last_assistant:
+    sources = resolve_sources(d) if d.sources else [
+        Source(0, "data.path", "", d.path or "", d.source, d.format, d.text_field, dict(d.fields), None, None)]
+    for src in sources:
+        if src.source != DataSource.synthetic:
+            _check_source_format(src, r)
+    formats = [s.format for s in sources]
+    if all(f == DataFormat.text for f in formats) and d.train_on != TrainOn.assistant:
+        r.error("data.train_on", d.train_on, "data.format=text trains every token; train_on chooses among "
+                "the turns of conversations, completions and outputs", "remove data.train_on, or another format")
+    if DataFormat.prompt_completion in formats and d.train_on == TrainOn.last_assistant and \
+            DataFormat.conversation not in formats:
         r.warn("data.train_on", d.train_on, "a prompt/completion pair has one completion: the same as assistant",
                "data.train_on=assistant")
-    _check_template(cfg, r)
+    _check_template(cfg, r, formats)
 
 
-RULES = [check_data_format]
+RULES = [check_data_format, check_sources]
 
 
 # ------------------------------------------------------------------ vocabulary (appended for issue 24)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -117,6 +117,52 @@ def _tokenize(tok: Any, texts: List[str], seq_len: int) -> List[Tuple[List[int],
     return out
 
 
+def _span_mask(enc: Any, n: int, spans: List[Tuple[int, int]]) -> Optional[np.ndarray]:
+    """The overlap rule of :func:`trained_mask`, from a ``tokenizers.Encoding`` without converting its offsets.
+
+    Looks up only the tokens at each span's ends (``char_to_token``), then
+    widens over neighbours whose characters still overlap the span (byte
+    tokens of one character share its offsets). Returns None where a span end
+    lies in no token (a normaliser dropped the character): the caller then
+    takes the offsets path.
+    """
+    mask = np.zeros(n, dtype=bool)
+    for a, b in spans:
+        if b <= a:
+            continue
+        first, last = enc.char_to_token(a), enc.char_to_token(b - 1)
+        if first is None or last is None:
+            return None
+        while first > 0 and enc.token_to_chars(first - 1)[1] > a:
+            first -= 1
+        while last + 1 < n and enc.token_to_chars(last + 1)[0] < b:
+            last += 1
+        mask[first:last + 1] = True
+    return mask
+
+
+def _fast_encode(tok: Any, texts: List[str], spans: List[List[Tuple[int, int]]],
+                 seq_len: int) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+    """Token ids and trained masks straight from the Rust tokenizer (None: not a fast tokenizer, or a long text).
+
+    Calling ``backend_tokenizer.encode_batch`` skips transformers' per-token
+    Python conversion of ids and offsets, which cost about as much as the
+    tokenising itself here (docs/data.md, "Benchmark").
+    """
+    backend = getattr(tok, "backend_tokenizer", None)
+    budget = max(CHARS_PER_TOKEN * seq_len, 4096)
+    if backend is None or getattr(tok, "split_special_tokens", False) or any(len(t) > budget for t in texts):
+        return None
+    out = []
+    for text, enc, sp in zip(texts, backend.encode_batch(texts, add_special_tokens=False), spans):
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        mask = _span_mask(enc, len(ids), sp)
+        if mask is None:
+            mask = trained_mask(np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2), sp)
+        out.append((ids, mask))
+    return out
+
+
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
 
@@ -141,15 +187,17 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
             result.bad.append((path, line, str(err)))
     if not docs:
         return result
-    encoded = _tokenize(tok, [d.text for d in docs], spec.seq_len)
+    texts = [d.text for d in docs]
+    fast = _fast_encode(tok, texts, [d.spans for d in docs], spec.seq_len)
+    if fast is None:
+        fast = [(np.asarray(ids, dtype=np.int32), trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans))
+                for d, (ids, offs) in zip(docs, _tokenize(tok, texts, spec.seq_len))]
     eos = tok.eos_token_id
     toks: List[np.ndarray] = []
     labs: List[np.ndarray] = []
     lengths: List[int] = []
     kept_lines: List[int] = []
-    for d, line, (ids, offs) in zip(docs, doc_lines, encoded):
-        ids_a = np.asarray(ids, dtype=np.int32)
-        mask = trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans)
+    for d, line, (ids_a, mask) in zip(docs, doc_lines, fast):
         if d.eos:
             ids_a = np.append(ids_a, np.int32(eos))
             mask = np.append(mask, d.eos_trained)

@@ -37,6 +37,8 @@ from fsdp_workflow.data.cache import (FORMAT_VERSION, META_FILE, SPLITS, CacheEr
                                       write_split)
 from fsdp_workflow.data.encode import ChunkResult, EncodeSpec, encode_chunk, init_worker
 from fsdp_workflow.data.formats import FormatSpec
+from fsdp_workflow.data.mixture import Source, document_counts, is_mixture, resolve_sources, select
+from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
 from fsdp_workflow.data.templates import TemplateError, resolve_template
 from fsdp_workflow.data.tokenizer import load_tokenizer, tokenizer_source
@@ -60,11 +62,17 @@ class Prepared:
     meta: Dict[str, Any] = field(default_factory=dict)  # the cache's meta.json
 
 
-def needs_template(cfg: WorkflowConfig) -> bool:
+def format_needs_template(fmt: DataFormat, chat_template: Optional[str]) -> bool:
     """Conversations always use a chat template; prompt/completion and Alpaca when one is set."""
+    return fmt == DataFormat.conversation or (
+        fmt in (DataFormat.prompt_completion, DataFormat.alpaca) and bool(chat_template))
+
+
+def needs_template(cfg: WorkflowConfig) -> bool:
+    """Whether any source of ``cfg.data`` is rendered with the chat template."""
     d = cfg.data
-    return d.format == DataFormat.conversation or (
-        d.format in (DataFormat.prompt_completion, DataFormat.alpaca) and bool(d.chat_template))
+    formats = [s.format for s in resolve_sources(d)] or [d.format]
+    return any(format_needs_template(f, d.chat_template) for f in formats)
 
 
 def tokenizer_identity(cfg: WorkflowConfig) -> str:
@@ -84,8 +92,13 @@ def tokenizer_identity(cfg: WorkflowConfig) -> str:
 
 
 def cache_key(cfg: WorkflowConfig, files: Sequence[str], eval_files: Sequence[str], tokenizer_id: str,
-              template: Optional[str]) -> str:
-    """sha256 over everything that changes the cache's content."""
+              template: Optional[str], mixture: Optional[List[Tuple[Source, Sequence[str]]]] = None) -> str:
+    """sha256 over everything that changes the cache's content.
+
+    A mixture adds every source: its files (path, size, mtime), reader,
+    format, fields, text field, weight and sample count. One ``data.path`` keeps
+    the key it always had.
+    """
     d = cfg.data
     parts = {
         "format_version": FORMAT_VERSION,
@@ -104,6 +117,11 @@ def cache_key(cfg: WorkflowConfig, files: Sequence[str], eval_files: Sequence[st
         "eval_fraction": d.eval_fraction if not d.eval_path else None,
         "seed": d.seed,
     }
+    if mixture is not None:
+        parts["sources"] = [{"name": s.name, "source": s.source.value, "format": s.format.value,
+                             "text_field": s.text_field, "fields": dict(sorted(s.fields.items())),
+                             "weight": s.weight, "num_samples": s.num_samples,
+                             "files": [vars(f) for f in describe_files(s.source, fs)]} for s, fs in mixture]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -214,20 +232,23 @@ def _gather(results: List[ChunkResult], file_index: Dict[str, int]) -> _Docs:
     return _Docs(tokens, labels, offsets, counts, bad, sources)
 
 
-def _bad_report(bad: List[Tuple[str, int, str]], fmt: DataFormat) -> str:
+def _fix_hint(src: Source) -> str:
+    return (f"name the text field with {src.sub('text_field')}" if src.format == DataFormat.text else
+            f"map the field names with {src.sub('fields')}.*")
+
+
+def _bad_report(bad: List[Tuple[str, int, str]], hints: Sequence[str]) -> str:
     lines = [f"  {f}:{line}: {why}" for f, line, why in bad[:MAX_BAD_SHOWN]]
     more = f"\n  ... and {len(bad) - MAX_BAD_SHOWN} more" if len(bad) > MAX_BAD_SHOWN else ""
-    names = "name the text field with data.text_field" if fmt == DataFormat.text else \
-        "map the field names with data.fields.*"
     return (f"{len(bad)} bad record(s):\n" + "\n".join(lines) + more +
-            f"\nFix the data, {names}, or set data.on_bad_record=skip to leave "
+            f"\nFix the data, {' / '.join(dict.fromkeys(hints))}, or set data.on_bad_record=skip to leave "
             "them out (they are counted in the cache's meta.json).")
 
 
-def _read_split(cfg: WorkflowConfig, files: Sequence[str], key_name: str, spec: EncodeSpec, tokenizer: Any,
+def _read_split(source: DataSource, files: Sequence[str], key_name: str, spec: EncodeSpec, tokenizer: Any,
                 workers: int, progress: bool, file_index: Dict[str, int]) -> _Docs:
     prog = _Progress(key_name, progress)
-    chunks = iter_chunks(cfg.data.source, files, key_name, CHUNK_RECORDS)
+    chunks = iter_chunks(source, files, key_name, CHUNK_RECORDS)
     docs = _gather(_encode_all(chunks, spec, tokenizer, workers, prog.add), file_index)
     if progress:
         prog.report()
@@ -286,19 +307,24 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
         TemplateError: no usable chat template.
     """
     d = cfg.data
-    if d.source == DataSource.synthetic:
+    if d.source == DataSource.synthetic and not d.sources:
         prepared = Prepared(None, "", False, {"synthetic": True})
         write_pointer(cfg, prepared)
         return prepared
-    files = expand(d.source, d.path, "data.path")
+    sources = resolve_sources(d)
+    if not sources:
+        expand(d.source, d.path, "data.path")  # raises: data.path is not set
+    per_files = [(src, expand(src.source, src.path, src.sub("path"))) for src in sources]
+    _refuse_shared_files(per_files)
+    files = [f for _, fs in per_files for f in fs]
     eval_files = expand(d.source, d.eval_path, "data.eval_path") if d.eval_path else []
     tokenizer = load_tokenizer(cfg.model)
     check_vocab(cfg, len(tokenizer))
-    src = tokenizer_source(cfg.model) or "byte-level"
-    template = (resolve_template(d.chat_template, getattr(tokenizer, "chat_template", None), src)
+    tok_src = tokenizer_source(cfg.model) or "byte-level"
+    template = (resolve_template(d.chat_template, getattr(tokenizer, "chat_template", None), tok_src)
                 if needs_template(cfg) else None)
     tok_id = tokenizer_identity(cfg)
-    key = cache_key(cfg, files, eval_files, tok_id, template)
+    key = cache_key(cfg, files, eval_files, tok_id, template, per_files if is_mixture(d) else None)
     root = cache_root(cfg)
     final = root / key[:16]
     existing = _existing(final, key)
@@ -310,52 +336,46 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
         return prepared
 
     workers = num_workers or d.num_workers or available_cpus()
-    fmt = FormatSpec(d.format, d.text_field, dict(d.fields), d.train_on, d.add_eos, template)
-    spec = EncodeSpec(cfg.model, fmt, d.source == DataSource.jsonl, cfg.train.seq_len, d.overlong)
     t0 = time.monotonic()
-    source_files = [str(f) for f in files] + [str(f) for f in eval_files]
+    source_files = files + [str(f) for f in eval_files]
     file_index = {f: i for i, f in enumerate(source_files)}
-    train = _read_split(cfg, files, "data.path", spec, tokenizer, workers, progress, file_index)
-    held = (_read_split(cfg, eval_files, "data.eval_path", spec, tokenizer, workers, progress, file_index)
-            if eval_files else None)
-    bad = train.bad + (held.bad if held else [])
-    if bad and d.on_bad_record == OnBadRecord.fail:
-        raise DataError(_bad_report(bad, d.format))
-    n_docs = len(train.offsets) - 1
-    if n_docs == 0:
-        raise DataError(f"data.path={d.path!r}: no usable documents"
-                        + (f" ({len(bad)} bad records skipped)" if bad else "") + ".")
 
-    rng = np.random.default_rng(d.seed)
-    if held is None and d.eval_fraction > 0:
-        is_held = rng.random(n_docs) < d.eval_fraction  # document-level, seeded: the same on every run
-        if is_held.all():
-            raise DataError(f"data.eval_fraction={d.eval_fraction} left no training documents; lower it.")
-        train_idx, held_src, held_idx = np.flatnonzero(~is_held), train, np.flatnonzero(is_held)
-    else:
-        train_idx = np.arange(n_docs)
-        held_src, held_idx = held, (np.arange(len(held.offsets) - 1) if held else np.zeros(0, np.int64))
-    train_idx = train_idx[rng.permutation(len(train_idx))]
+    def spec_for(fmt: DataFormat, text_field: str, fields: Dict[str, str], reader: DataSource) -> EncodeSpec:
+        fs = FormatSpec(fmt, text_field, dict(fields), d.train_on, d.add_eos,
+                        template if format_needs_template(fmt, d.chat_template) else None)
+        return EncodeSpec(cfg.model, fs, reader == DataSource.jsonl, cfg.train.seq_len, d.overlong)
+
+    read = [_read_split(src.source, fs, src.key, spec_for(src.format, src.text_field, src.fields, src.source),
+                        tokenizer, workers, progress, file_index) for src, fs in per_files]
+    held = (_read_split(d.source, eval_files, "data.eval_path", spec_for(d.format, d.text_field, d.fields, d.source),
+                        tokenizer, workers, progress, file_index) if eval_files else None)
+    bad = [b for docs in read for b in docs.bad] + (held.bad if held else [])
+    if bad and d.on_bad_record == OnBadRecord.fail:
+        bad_files = {f for f, _, _ in bad}
+        hints = [_fix_hint(src) for src, fs in per_files if bad_files & set(fs)]
+        raise DataError(_bad_report(bad, hints or [_fix_hint(sources[0])]))
+    plan = _mix(cfg, sources, read, held)
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{key[:16]}.{os.getpid()}{TMP_SUFFIX}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         splits: Dict[str, Dict[str, int]] = {}
-        toks, labs, srcs = train.take(train_idx)
+        toks, labs, srcs = _take_all(plan.train)
         splits[SPLITS[0]] = write_split(tmp / SPLITS[0], toks, labs, cfg.train.seq_len, srcs)
-        if held_src is not None and len(held_idx):
-            toks, labs, srcs = held_src.take(held_idx)
+        if plan.held:
+            toks, labs, srcs = _take_all(plan.held)
             splits[SPLITS[1]] = write_split(tmp / SPLITS[1], toks, labs, cfg.train.seq_len, srcs)
         del toks, labs, srcs
-        counts = {k: train.counts[k] + (held.counts[k] if held else 0) for k in train.counts}
+        parts = read + ([held] if held else [])
+        counts = {k: sum(docs.counts[k] for docs in parts) for k in read[0].counts}
         meta: Dict[str, Any] = {
             "key": key, "seq_len": cfg.train.seq_len, "splits": splits, **counts,
             "source": d.source.value, "format": d.format.value, "train_on": d.train_on.value,
-            "overlong": d.overlong.value, "tokenizer": src, "tokenizer_sha256": tok_id,
+            "overlong": d.overlong.value, "tokenizer": tok_src, "tokenizer_sha256": tok_id,
             "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
-            "chat_template": template, "files": [str(f) for f in files], "eval_files": [str(f) for f in eval_files],
-            "source_files": source_files,
+            "chat_template": template, "files": files, "eval_files": [str(f) for f in eval_files],
+            "source_files": source_files, "mixture": is_mixture(d), "sources": plan.rows,
             "workers": workers, "seconds": round(time.monotonic() - t0, 3),
         }
         commit_cache(tmp, final, meta)
@@ -369,9 +389,129 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
                  f"{tr['tokens']:,} tokens ({tr['trained_tokens']:,} trained) in {meta['seconds']:.1f}s; "
                  f"{meta['bad_records']} bad records skipped, {meta['truncated']} truncated, "
                  f"{meta['dropped_overlong']} dropped as overlong")
+        for line in describe_sources(meta):
+            log.info("prepare:   %s", line)
     prepared = Prepared(final, key, False, meta)
     write_pointer(cfg, prepared)
     return prepared
+
+
+def _refuse_shared_files(per_files: Sequence[Tuple[Source, Sequence[str]]]) -> None:
+    """A file read by two sources would make file:line ambiguous and double its share: refused."""
+    owner: Dict[str, str] = {}
+    for src, fs in per_files:
+        for f in fs:
+            if f in owner and owner[f] != src.key:
+                raise DataError(f"{owner[f]} and {src.key} both read {f}: give each file to one source "
+                                "(to weigh a file more, raise its source's weight or num_samples).")
+            owner[f] = src.key
+
+
+@dataclass
+class _MixPlan:
+    """Which documents of which source go where, in the order they are written, plus meta.json's per-source rows."""
+
+    train: List[Tuple[_Docs, np.ndarray]]  # runs of (source docs, indices), in the order written
+    held: List[Tuple[_Docs, np.ndarray]]
+    rows: List[Dict[str, Any]]
+
+
+def _mix(cfg: WorkflowConfig, sources: Sequence[Source], read: Sequence[_Docs], held: Optional[_Docs]) -> _MixPlan:
+    """Hold out, take each source's share and shuffle, all from one generator seeded by ``data.seed``.
+
+    The draws happen in a fixed order (hold-out per source, then each source's
+    sample, then the shuffle), so the same config gives the same cache byte for
+    byte. One ``data.path`` draws exactly what it always did.
+
+    Raises:
+        DataError: a source (or the whole data) has no usable documents left.
+    """
+    d = cfg.data
+    rng = np.random.default_rng(d.seed)
+    train_idx: List[np.ndarray] = []
+    held_parts: List[Tuple[_Docs, np.ndarray]] = []
+    for src, docs in zip(sources, read):
+        n = len(docs.offsets) - 1
+        if n == 0:
+            bad = docs.counts["bad_records"]
+            what = f"{d.path!r}" if src.key == "data.path" else f"{src.name!r} ({src.path})"
+            raise DataError(f"{src.key}={what}: no usable documents" + (f" ({bad} bad records skipped)" if bad else "")
+                            + ".")
+        if held is None and d.eval_fraction > 0:
+            is_held = rng.random(n) < d.eval_fraction  # document-level, seeded: the same on every run
+            if is_held.all():
+                raise DataError(f"data.eval_fraction={d.eval_fraction} left no training documents"
+                                + ("" if src.key == "data.path" else f" of {src.key}") + "; lower it.")
+            train_idx.append(np.flatnonzero(~is_held))
+            held_parts.append((docs, np.flatnonzero(is_held)))
+        else:
+            train_idx.append(np.arange(n))
+    if held is not None:
+        held_parts = [(held, np.arange(len(held.offsets) - 1))]
+    counts = document_counts(sources, [len(t) for t in train_idx])
+    if len(sources) > 1 or is_mixture(d):
+        train_idx = [t[select(rng, len(t), c)] for t, c in zip(train_idx, counts)]
+    parts = [(docs, t) for docs, t in zip(read, train_idx)]
+    total = sum(len(t) for t in train_idx)
+    order = rng.permutation(total)
+    rows = _rows(sources, read, parts, held_parts if held is None else [])
+    for src, row in zip(sources, rows):
+        if row["train_documents"] == 0:
+            log.warning("prepare: %s (%s) gives no training document: its share of a mixture of %s documents "
+                        "rounds to 0; raise its weight, or give num_samples", src.key, src.name, f"{total:,}")
+    # one list of (docs, index) pairs in the final order: runs of the same source are merged by _take_all
+    owner = np.concatenate([np.full(len(t), i, np.int64) for i, t in enumerate(train_idx)])[order]
+    local = np.concatenate(train_idx)[order]
+    train = [(read[int(i)], local[owner == i]) for i in range(len(read))]
+    return _MixPlan(_interleave(train, owner), [(h, i) for h, i in held_parts if len(i)], rows)
+
+
+def _interleave(train: List[Tuple[_Docs, np.ndarray]], owner: np.ndarray) -> List[Tuple[_Docs, np.ndarray]]:
+    """The shuffled documents as consecutive runs of one source each, in the shuffled order."""
+    if len(train) == 1:
+        return train
+    cursor = [0] * len(train)
+    out: List[Tuple[_Docs, np.ndarray]] = []
+    if len(owner) == 0:
+        return out
+    cuts = np.flatnonzero(np.diff(owner)) + 1
+    for run in np.split(owner, cuts):
+        i = int(run[0])
+        docs, idx = train[i]
+        out.append((docs, idx[cursor[i]:cursor[i] + len(run)]))
+        cursor[i] += len(run)
+    return out
+
+
+def _rows(sources: Sequence[Source], read: Sequence[_Docs], parts: Sequence[Tuple[_Docs, np.ndarray]],
+          held_parts: Sequence[Tuple[_Docs, np.ndarray]]) -> List[Dict[str, Any]]:
+    """meta.json's ``sources``: per source what was read, skipped, held out and taken."""
+    taken = [int(len(t)) for _, t in parts]
+    tokens = [int(np.diff(docs.offsets)[t].sum()) for docs, t in parts]
+    held_n = {id(docs): int(len(i)) for docs, i in held_parts}
+    n_docs, n_tok = max(sum(taken), 1), max(sum(tokens), 1)
+    rows = []
+    for src, docs, k, tk in zip(sources, read, taken, tokens):
+        rows.append({"name": src.name, "key": src.key, "path": src.path, "source": src.source.value,
+                     "format": src.format.value, "weight": src.weight, "num_samples": src.num_samples,
+                     "records": docs.counts["records"], "bad_records": docs.counts["bad_records"],
+                     "truncated": docs.counts["truncated"], "dropped_overlong": docs.counts["dropped_overlong"],
+                     "documents": int(len(docs.offsets) - 1), "held_out": held_n.get(id(docs), 0),
+                     "train_documents": k, "train_tokens": tk,
+                     "document_share": round(k / n_docs, 6), "token_share": round(tk / n_tok, 6)})
+    return rows
+
+
+def _take_all(parts: Sequence[Tuple[_Docs, np.ndarray]]) -> Tuple[List[np.ndarray], List[np.ndarray], np.ndarray]:
+    toks: List[np.ndarray] = []
+    labs: List[np.ndarray] = []
+    srcs: List[np.ndarray] = []
+    for docs, idx in parts:
+        t, lab, s = docs.take(idx)
+        toks += t
+        labs += lab
+        srcs.append(s)
+    return toks, labs, (np.concatenate(srcs) if srcs else np.zeros((0, 2), np.int64))
 
 
 def _existing(final: Path, key: str) -> Optional[Dict[str, Any]]:

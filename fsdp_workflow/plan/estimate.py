@@ -22,6 +22,7 @@ from fsdp_workflow.config.schema import (
     world_size,
 )
 from fsdp_workflow.config.model_size import num_params
+from fsdp_workflow.data.summary import summary_lines as data_summary_lines
 
 GIB = 1024**3
 
@@ -107,6 +108,7 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         f"memory       ~{est.total_gib:.1f} GiB per {unit} (estimate): params {est.params_gib:.1f}, grads "
         f"{est.grads_gib:.1f}, optimizer {est.optimizer_gib:.1f}, activations {est.activations_gib:.1f}",
     ]
+    lines += data_summary_lines(cfg)  # each source's records, tokens and share (fsdp_workflow.data.summary)
     return lines
 
 

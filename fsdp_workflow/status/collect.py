@@ -33,6 +33,7 @@ from fsdp_workflow.core.curves import read_series
 from fsdp_workflow.core.exit_codes import MEANINGS
 from fsdp_workflow.core.rundir import JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
+from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.status.commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.status.eta import Progress, run_progress
@@ -255,6 +256,9 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
         counts = splits.get(split)
         if isinstance(counts, dict):
             out[split] = {k: counts.get(k) for k in ("samples", "tokens", "trained_tokens")}
+    sources = describe_sources(cache.meta)  # a mixture: one line per source (fsdp_workflow.data.mixture)
+    if sources:
+        out["sources"] = sources
     return out
 
 

@@ -50,6 +50,7 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
         counts = (f"{train.get('samples')} samples, {train.get('tokens')} tokens, {train.get('trained_tokens')} trained"
                   if train else rs.data.get("note", ""))
         lines.append(f"data: {counts}" + (f" ({rs.data['cache']})" if rs.data.get("cache") else ""))
+        lines += [f"data source: {line}" for line in rs.data.get("sources") or []]
     lines.append(f"consolidated model: {rs.consolidated} ({rs.consolidated_dir})")
     if rs.consolidated_ema_dir:
         lines.append(f"consolidated EMA:   {rs.consolidated_ema} ({rs.consolidated_ema_dir})")

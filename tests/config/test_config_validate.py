@@ -29,6 +29,7 @@ def option_overrides(group: str, option: str, tmp_path: Path) -> list:
         ("model", "qwen2_5_7b"): ["dry_run=true"],
         ("data", "jsonl"): [f"data.path={data}"],
         ("data", "chat_jsonl"): [f"data.path={data}", "data.chat_template=chatml"],  # the tiny model's tokenizer has none
+        ("data", "mixture"): [f"data.sources=[{{path: {data}, weight: 1}}]", "data.format=text"],
         ("strategy", "fsdp1"): ["cluster.device=cuda"],  # Accelerate's FSDP1 sync needs a GPU
         # optional packages (deepspeed, bitsandbytes, torchao) are errors only for a real local run
         ("strategy", "deepspeed_zero1"): ["cluster.device=cuda", "dry_run=true"],
