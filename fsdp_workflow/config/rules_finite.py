@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from enum import Enum
 from typing import Any, Iterator, List, Tuple
@@ -72,7 +73,7 @@ def check_finite(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Refuse ``nan``, ``inf`` and ``-inf`` wherever the config holds a float."""
     for key, value in floats(cfg):
         if not math.isfinite(value):
-            base = key.split("[", 1)[0]
+            base = re.sub(r"\[\d+\]$", "", key)  # a float list (optimizer.betas) by its key; a list of sections keeps [i]
             r.error(base, value, f"{NONFINITE_WHY}, not {value}: a non-finite value makes the run's "
                     "numbers NaN or infinite from the first step", _fix(base))
 
