@@ -177,6 +177,10 @@ def _plan_and_launch(cfg, lock) -> int:
     if cfg.dry_run:
         print(f"dry run: wrote {plan.run_dir} ({', '.join(written_names(plan))}); nothing submitted.")
         print("submit the same chain later with: " + shlex.join(["bash", str(plan.layout.script(SUBMIT_SCRIPT))]))
+        if is_slurm(cfg):  # the partition/node/QoS limits are read only at submission (or by fsdp_workflow.check)
+            from fsdp_workflow.launch.cluster_check import skipped_line
+
+            print(skipped_line(str(plan.run_dir)))
         return 0
     if is_slurm(cfg):
         from fsdp_workflow.launch.slurm import submit

@@ -41,6 +41,11 @@ def test_dry_run_writes_the_whole_run_dir_and_submits_nothing(experiment: str, t
     assert "nothing submitted" in res.stdout
     assert "world size" in res.stderr and "global batch" in res.stderr and "GiB per" in res.stderr
     assert not (run_dir / "jobs.txt").exists()  # nothing was submitted
+    # a Slurm plan says its partition/QoS limits were not read, and how to check them (issue 27)
+    slurm = "kind: slurm" in (run_dir / "config.yaml").read_text()
+    assert ("cluster checks skipped" in res.stdout) == slurm, res.stdout
+    if slurm:
+        assert f"python -m fsdp_workflow.check {run_dir}" in res.stdout
     # the resolved config reloads as the same typed config the planner used
     from fsdp_workflow.config import load_run_config
 
