@@ -28,6 +28,14 @@ def _cfg(experiment: str, run_dir: str, *extra: str):
     return compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir='{run_dir}'", *extra])
 
 
+@pytest.fixture(autouse=True)
+def _fixed_interpreter(monkeypatch):
+    """The scripts name the planning interpreter (sys.executable): fixed, so golden files agree on every machine."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
+
+
 VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"])}
 
 
@@ -75,7 +83,7 @@ def test_no_consolidation_job_when_disabled() -> None:
 
 def test_prepare_heads_the_chain_and_synthetic_data_needs_none() -> None:
     scripts = render_all(build_plan(_cfg("smoke", "/runs/x")))
-    assert "exec python -m fsdp_workflow.data.prepare /runs/x\n" in scripts["prepare.sbatch"]
+    assert "\n/opt/venv/bin/python -m fsdp_workflow.data.prepare /runs/x\n" in scripts["prepare.sbatch"]
     submit = scripts["submit.sh"]
     assert submit.index("prepare.sbatch") < submit.index("train.sbatch") < submit.index("consolidate.sbatch")
     assert '"--dependency=afterok:${prepare_id}" --kill-on-invalid-dep=yes' in submit
@@ -132,4 +140,4 @@ def test_site_modules_and_env_script_are_quoted_in_every_job() -> None:
         text = scripts[name]
         assert "module load cuda/12.4\nmodule load 'nccl;id'\n. '/opt/my env/activate'\n" in text, name
         # the site environment comes before the step runs
-        assert text.index("module load cuda/12.4") < text.index("\nexec " if name != "train.sbatch" else "\nsrun ")
+        assert text.index("module load cuda/12.4") < text.index("\n/opt/venv/bin/python " if name != "train.sbatch" else "\nsrun ")
