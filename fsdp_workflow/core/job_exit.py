@@ -40,7 +40,7 @@ _NOISE = re.compile(r"^(srun: |slurmstepd: .*(CANCELLED|DUE TO TIME LIMIT))")
 class Explained:
     """Why a job ended, for ``status``."""
 
-    code: Optional[int]  # the job's exit code (None: it recorded none)
+    exit_code: Optional[int]  # the job's exit code (None: it recorded none)
     reason: str  # in words
     line: str = ""  # the line of the log that matters
     fix: str = ""  # what to do, where it is known
