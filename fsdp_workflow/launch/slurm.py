@@ -61,18 +61,18 @@ class SubmissionError(RuntimeError):
 # sbatch's refusal -> (the key for the training job, the key for a CPU job, what to do). First match wins.
 _REFUSALS = [
     ("invalid partition", ("cluster.partition", "cluster.consolidate_partition"),
-     "a partition that exists: sinfo -s lists them"),
-    ("invalid account", ("cluster.account", "cluster.account"), "one of your accounts: sacctmgr show assoc user=$USER"),
-    ("invalid qos", ("cluster.qos", "cluster.qos"), "a QoS you may use: sacctmgr show assoc user=$USER"),
+     "a partition that exists (sinfo -s lists them)"),
+    ("invalid account", ("cluster.account", "cluster.account"), "one of your accounts (sacctmgr show assoc user=$USER)"),
+    ("invalid qos", ("cluster.qos", "cluster.qos"), "a QoS you may use (sacctmgr show assoc user=$USER)"),
     ("memory specification", ("cluster.mem_gb", "cluster.consolidate_mem_gb"),
-     "at most a node's memory: sinfo -o '%N %m' (MB)"),
+     "at most a node's memory in GB (sinfo -o '%N %m' gives MB)"),
     ("time limit", ("cluster.time_min", "cluster.consolidate_time_min"),
-     "at most the partition's MaxTime: sinfo -o '%P %l'"),
-    ("invalid feature", ("cluster.constraint", "cluster.constraint"), "features the nodes have: sinfo -o '%N %f'"),
+     "at most the partition's MaxTime (sinfo -o '%P %l')"),
+    ("invalid feature", ("cluster.constraint", "cluster.constraint"), "features the nodes have (sinfo -o '%N %f')"),
     ("invalid generic resource", ("cluster.gpus_per_node", "cluster.gpus_per_node"),
-     "GPUs the nodes have: sinfo -o '%N %G'"),
+     "the GPUs the nodes have (sinfo -o '%N %G')"),
     ("node configuration is not available", ("cluster.cpus_per_task", "cluster.consolidate_cpus"),
-     "a request some node can meet (CPUs, GPUs, memory, cluster.constraint): sinfo -o '%N %c %m %G %f'"),
+     "a request some node can meet: CPUs, GPUs, memory, cluster.constraint (sinfo -o '%N %c %m %G %f')"),
 ]
 
 
@@ -91,8 +91,9 @@ def sbatch_refusal_issue(cfg: WorkflowConfig, err: "SubmissionError") -> Optiona
             value: object = cfg
             for part in key.split("."):
                 value = getattr(value, part, None)
-            return Issue(key, value, f"sbatch refused the {NOUN.get(err.role, err.role)} job: {err.text}",
-                         f"{key}=... {fix}")
+            said = "; ".join(line.strip() for line in err.text.splitlines() if line.strip())
+            return Issue(key, value, f"sbatch refused the {NOUN.get(err.role, err.role)} job: {said}",
+                         f"set {key} to {fix}")
     return None
 
 
