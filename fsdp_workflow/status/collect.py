@@ -222,6 +222,8 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
     if st.status in ("failed", "cancelled") or (st.status == "done" and st.exit_code not in ("", "0:0")):
         why = explain(st.record, st.exit_code, Path(st.log) if st.log else None, layout.root)
         st.why = why.to_dict() if why is not None else None
+    if st.status == "cancelled" and st.reason and st.reason not in ("None", "NonZeroExitCode"):
+        st.reason_words = explain_reason(st.reason).words  # DependencyNeverSatisfied: why it never ran
     if st.status in ("queued", "requeued") and st.reason:
         words = explain_reason(st.reason)
         st.reason_words = words.words + ("" if words.fix == "wait" else f"; {words.fix}")
