@@ -31,6 +31,7 @@ TAIL_BYTES = 64 * 1024  # the end of a log is where a failure is told
 _ERROR_LINE = [
     re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b.*"),  # a traceback's last line
     re.compile(r".*\b(command not found|not found|No such file or directory)\b.*"),
+    re.compile(r".*\S+\.\w+:\d+:.*"),  # a bad input named by file:line (data preparation)
     re.compile(r".*\b(error|Error|ERROR|fatal|FATAL|refused|failed|Killed|killed)\b.*"),
 ]
 _NOISE = re.compile(r"^(srun: |slurmstepd: .*(CANCELLED|DUE TO TIME LIMIT))")
@@ -104,7 +105,7 @@ _KNOWN = [
     (re.compile(r"(\S+): output path already exists"),
      "the output {0} exists already (a consolidation never overwrites a model)",
      "move it aside (mv {0} {0}.old) or set consolidate.output_dir, then submit again"),
-    (re.compile(r"(\S+:\d+)"),
+    (re.compile(r"(\S+\.\w+:\d+):"),
      "bad input at {0}",
      "fix that line (or drop the record), then submit again"),
 ]

@@ -141,3 +141,8 @@ def test_bad_data_fails_the_prepare_job_and_nothing_trains(slurm_cluster, tmp_pa
     for role in ("train", "consolidate"):
         rec = su.wait_for_job(ids[role], timeout_s=60)
         assert (rec["JobState"], rec["Reason"]) == ("CANCELLED", "DependencyNeverSatisfied"), rec
+    # status names the cause, not only the log path: the record's code and the log's file:line
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
+                        capture_output=True, text=True, check=True).stdout
+    assert f"why: exit 2: bad input at {data}:3" in st, st
+    assert f"log says: {data}:3" in st and "fix: fix that line" in st
