@@ -141,3 +141,35 @@ def test_site_modules_and_env_script_are_quoted_in_every_job() -> None:
         assert "module load cuda/12.4\nmodule load 'nccl;id'\n. '/opt/my env/activate'\n" in text, name
         # the site environment comes before the step runs
         assert text.index("module load cuda/12.4") < text.index("\n/opt/venv/bin/python " if name != "train.sbatch" else "\nsrun ")
+
+
+def test_sweep_points_get_job_names_of_their_own(tmp_path) -> None:
+    """Point N of a sweep (listed in its parent's sweep.json) names its jobs NAME-N-ROLE; squeue tells them apart."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"points": [
+        {"num": n, "overrides": [], "run_dir": str(sweep / str(n))} for n in (0, 1)]}))
+    scripts = render_all(build_plan(_cfg("smoke", str(sweep / "1"), "consolidate.every_checkpoint=true")))
+    for name, role in (("prepare.sbatch", "prepare"), ("train.sbatch", "train"),
+                       ("consolidate.sbatch", "consolidate"), ("eval.sbatch", "eval")):
+        assert f"#SBATCH --job-name=smoke-1-{role}\n" in scripts[name], name
+    alone = render_all(build_plan(_cfg("smoke", str(tmp_path / "alone"))))
+    assert "#SBATCH --job-name=smoke-train\n" in alone["train.sbatch"]
+
+
+def test_every_job_checks_the_config_hash_and_records_its_exit_first() -> None:
+    """Before the site environment or the step: the exit record's trap, then the config.yaml hash check."""
+    import hashlib
+
+    from fsdp_workflow.config.load import to_yaml
+
+    cfg = _cfg("smoke", "/runs/x", "consolidate.every_checkpoint=true")
+    digest = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+    scripts = render_all(build_plan(cfg))
+    for name in ("prepare.sbatch", "train.sbatch", "consolidate.sbatch", "eval.sbatch"):
+        text = scripts[name]
+        assert f"CONFIG_SHA256={digest}\n" in text, name
+        trap, check = text.index("trap job_exit_record EXIT"), text.index('if [ "$(sha256sum < "$RUN_DIR/config.yaml"')
+        first_step = min(i for i in (text.find("export PATH="), text.find("\nsrun "), text.find("/opt/venv/bin/python "))
+                         if i >= 0)
+        assert trap < check < first_step, name
