@@ -108,3 +108,33 @@ def test_an_edited_config_stops_the_job_that_reads_it(slurm_cluster, tmp_path):
                         capture_output=True, text=True, timeout=60).stdout
     assert "why: exit 2: config.yaml changed since planning" in st, st
     assert "warning: config.yaml changed since planning" in st and "fsdp_workflow.replan" in st
+
+
+def test_replan_validates_an_edited_config_and_records_it(slurm_cluster, tmp_path):
+    """The way out the refusal names: a typo is refused with its key; a valid edit is recorded and runs."""
+    run_dir = tmp_path / "replan"
+    assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "name=replan1",
+                      "consolidate.enabled=false").returncode == 0
+    cfg = run_dir / "config.yaml"
+    planned = cfg.read_text()
+    old_hash = json.loads((run_dir / "provenance.json").read_text())["config_sha256"]
+    replan = [sys.executable, "-m", "fsdp_workflow.replan", str(run_dir)]
+    cfg.write_text(planned.replace("max_steps: 30", "max_stepz: 30"))
+    typo = subprocess.run(replan, capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "max_stepz" in typo.stderr and "nothing changed" in typo.stderr, typo.stderr
+    assert json.loads((run_dir / "provenance.json").read_text())["config_sha256"] == old_hash
+    cfg.write_text(planned.replace("max_steps: 30", "max_steps: 20"))
+    ok = subprocess.run(replan, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["replanned_from"]["config_sha256"] == old_hash and prov["config_sha256"] != old_hash
+    assert "max_steps: 20" in cfg.read_text()
+    sub = _submit_sh(run_dir)
+    assert sub.returncode == 0, sub.stderr
+    ids = ph.jobs(run_dir)
+    try:
+        train = su.wait_for_job(ids["train"], timeout_s=180)
+        assert train["JobState"] == "COMPLETED", (train, ph.logs(run_dir))
+    finally:
+        ph.cancel_unfinished(ids)
+    assert ph.metrics(run_dir)[-1]["step"] == 20  # the edited, validated config ran
