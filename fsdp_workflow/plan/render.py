@@ -204,7 +204,7 @@ def exit_record_lines(role: str, on_term: bool) -> List[str]:
         "# Every job leaves its exit code (and a cause the script knows) for status: job_exits/ROLE-ID.json.",
         "JOB_CAUSE=",
         "job_exit_record() {",
-        "  local rc=$?",
+        "  local rc=${1:-$?}",
         f"  mkdir -p {exits} && printf '{fmt}' "
         + '"${SLURM_JOB_ID:-0}" "$rc" "$JOB_CAUSE" "${SLURM_RESTART_COUNT:-0}" "$(date +%s)" '
         + f"> {rec}.tmp && mv -f {rec}.tmp {rec} || true",
@@ -351,7 +351,7 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
         lines += ["# Staging directories go on every way out (the exit code is kept for the record).",
                   "cleanup_staging() {", *(f"  {c}" for c in cleanup), "}",
                   *(["cleanup_staging  # what a killed earlier run left"] if at_start else []),
-                  "trap 'rc=$?; cleanup_staging; (exit $rc); job_exit_record' EXIT"]
+                  "trap 'rc=$?; cleanup_staging || true; job_exit_record \"$rc\"' EXIT"]
     lines += [
         *site_env_lines(plan),
         *(shell_join(argv) for argv in job.before_argvs),

@@ -173,3 +173,32 @@ def test_every_job_checks_the_config_hash_and_records_its_exit_first() -> None:
         first_step = min(i for i in (text.find("export PATH="), text.find("\nsrun "), text.find("/opt/venv/bin/python "))
                          if i >= 0)
         assert trap < check < first_step, name
+
+
+def test_cpu_jobs_remove_their_staging_and_record_their_exit_on_every_way_out(tmp_path) -> None:
+    """consolidate.sbatch and eval.sbatch run by bash (no Slurm), their step failing (the interpreter
+    is missing): the consolidation's .hf_model.tmp-* and the evaluation's pending link are gone, and each
+    left its exit record; an edited config.yaml stops a job before its step with cause config_changed."""
+    from fsdp_workflow.plan.run_dir import write_run_dir
+
+    run = tmp_path / "run dir"
+    plan = write_run_dir(_cfg("smoke", str(run), "consolidate.every_checkpoint=true", "cluster=slurm"))
+    layout = plan.layout
+    debris = [run / ".hf_model.tmp-4242", run / ".hf_model_ema.tmp-7"]
+    for d in debris:
+        (d / "part").mkdir(parents=True)
+    layout.eval_snapshot(5).mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    cons = subprocess.run(["bash", str(run / "consolidate.sbatch")], env=env, capture_output=True, text=True)
+    assert cons.returncode == 127, cons.stderr  # /opt/venv/bin/python: not here
+    assert not any(d.exists() for d in debris)
+    assert json.loads((run / "job_exits" / "consolidate-77.json").read_text())["exit_code"] == 127
+    ev = subprocess.run(["bash", str(run / "eval.sbatch"), "5"], env={**env, "SLURM_JOB_ID": "78"},
+                        capture_output=True, text=True)
+    assert ev.returncode == 127 and not layout.eval_snapshot(5).exists()
+    assert json.loads((run / "job_exits" / "eval-78.json").read_text())["exit_code"] == 127
+    layout.config.write_text(layout.config.read_text() + "\n# edited\n")
+    edited = subprocess.run(["bash", str(run / "prepare.sbatch")], env={**env, "SLURM_JOB_ID": "79"},
+                            capture_output=True, text=True)
+    assert edited.returncode == 2 and "config.yaml changed since planning" in edited.stderr
+    assert json.loads((run / "job_exits" / "prepare-79.json").read_text())["cause"] == "config_changed"
