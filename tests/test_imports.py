@@ -36,6 +36,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "status": {"core", "config", "data"},
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
+    "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
     "__init__": set(),
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"

@@ -23,6 +23,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
+      job_exits/<role>-<id>.json                              every job's exit record (code, cause), written by its script
       .lock                                                   one holder at a time (core/lock.py): planner, launcher, rank 0
 
 A sweep (``python -m fsdp_workflow -m ...``) puts one run directory per point in
@@ -60,6 +61,8 @@ CACHE_DIR = ".cache"
 RUN_LOCK_FILE = ".lock"  # flock'd by the planner while it writes, the local launcher and rank 0 while training
 DATA_CACHE_DIR = "data_cache"  # tokenised, packed data (unless data.cache_dir names a shared one)
 DATA_POINTER_FILE = "data.json"  # which cache this run trains on, written by the prepare step
+JOB_EXITS_DIR = "job_exits"  # <role>-<job id>.json: each job's exit code and cause, written by its batch script
+HF_MODEL_STAGING_GLOB = ".*.tmp-*"  # beside the model: a consolidation's staging directory (.hf_model.tmp-<pid>)
 
 PREPARE_SBATCH = "prepare.sbatch"
 TRAIN_SBATCH = "train.sbatch"
@@ -242,6 +245,16 @@ class RunDir:
         if not self.jobs.is_file():
             return []
         return [(parts[0], parts[1]) for parts in map(str.split, self.jobs.read_text().splitlines()) if len(parts) >= 2]
+
+    @property
+    def job_exits(self) -> Path:
+        """``job_exits/``: one record per job that ended (:mod:`fsdp_workflow.core.job_exit`)."""
+        return self.root / JOB_EXITS_DIR
+
+    def job_exit(self, role: str, job_id: str) -> Path:
+        """The exit record of job ``job_id`` (an evaluation, ``eval-step-N``, records as ``eval``)."""
+        base = role.split("-")[0] if role.startswith("eval") else role
+        return self.job_exits / f"{base}-{job_id}.json"
 
     def script(self, name: str) -> Path:
         """A rendered script (``train.sbatch``, ``submit.sh``...) by file name."""

@@ -4,7 +4,7 @@ The checks before submitting (:mod:`fsdp_workflow.launch.cluster_check`) read
 what they can; a limit they do not read (a QoS's MaxTRESPerJob, a partition
 changed meanwhile, ``cluster.check_limits=false``) still shows up as a pending
 reason at the first scheduling pass. :func:`watch` polls ``squeue`` for a few
-seconds; the first reason that means "never" (:mod:`fsdp_workflow.launch.reasons`)
+seconds; the first reason that means "never" (:mod:`fsdp_workflow.core.reasons`)
 cancels every job of the chain and waits until none is left in the queue.
 """
 
@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.launch.cluster_check import option_key
-from fsdp_workflow.launch.reasons import Reason, explain
+from fsdp_workflow.core.reasons import Reason, explain
 from fsdp_workflow.plan.jobs import NOUN, SbatchJob
 
 WATCH_S = 6.0  # Slurm sets reasons at its first scheduling pass: seconds on a busy controller

@@ -33,6 +33,7 @@ from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.launch import pending
+from fsdp_workflow.launch.chain_guard import finished_message, live_chain_problem
 from fsdp_workflow.launch.cluster_check import check_chain, skipped_line
 from fsdp_workflow.launch.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
@@ -44,7 +45,56 @@ SBATCH_TIMEOUT_S = 120  # a busy controller can take a while; never hang the log
 
 
 class SubmissionError(RuntimeError):
-    """sbatch refused a job; the message says which and why."""
+    """sbatch refused a job; the message says which and why.
+
+    Attributes:
+        role: the refused job's role ("" when sbatch could not be run at all).
+        text: sbatch's own words.
+        cancelled: what happened to the jobs submitted before it (one line each).
+    """
+
+    def __init__(self, message: str, role: str = "", text: str = "", cancelled: str = "") -> None:
+        super().__init__(message)
+        self.role, self.text, self.cancelled = role, text, cancelled
+
+
+# sbatch's refusal -> (the key for the training job, the key for a CPU job, what to do). First match wins.
+_REFUSALS = [
+    ("invalid partition", ("cluster.partition", "cluster.consolidate_partition"),
+     "a partition that exists (sinfo -s lists them)"),
+    ("invalid account", ("cluster.account", "cluster.account"), "one of your accounts (sacctmgr show assoc user=$USER)"),
+    ("invalid qos", ("cluster.qos", "cluster.qos"), "a QoS you may use (sacctmgr show assoc user=$USER)"),
+    ("memory specification", ("cluster.mem_gb", "cluster.consolidate_mem_gb"),
+     "at most a node's memory in GB (sinfo -o '%N %m' gives MB)"),
+    ("time limit", ("cluster.time_min", "cluster.consolidate_time_min"),
+     "at most the partition's MaxTime (sinfo -o '%P %l')"),
+    ("invalid feature", ("cluster.constraint", "cluster.constraint"), "features the nodes have (sinfo -o '%N %f')"),
+    ("invalid generic resource", ("cluster.gpus_per_node", "cluster.gpus_per_node"),
+     "the GPUs the nodes have (sinfo -o '%N %G')"),
+    ("node configuration is not available", ("cluster.cpus_per_task", "cluster.consolidate_cpus"),
+     "a request some node can meet: CPUs, GPUs, memory, cluster.constraint (sinfo -o '%N %c %m %G %f')"),
+]
+
+
+def sbatch_refusal_issue(cfg: WorkflowConfig, err: "SubmissionError") -> Optional[Issue]:
+    """sbatch's refusal as a config problem on the key that set the option, where it can be told.
+
+    Returns:
+        The issue, or None when sbatch's words name no option we set (then it stays exit 1).
+    """
+    text = err.text.lower()
+    for needle, (train_key, cpu_key), fix in _REFUSALS:
+        if needle in text:
+            key = train_key if err.role == "train" else cpu_key
+            if key == "cluster.consolidate_partition" and not cfg.cluster.consolidate_partition:
+                key = "cluster.partition"  # the CPU jobs use the training partition unless told
+            value: object = cfg
+            for part in key.split("."):
+                value = getattr(value, part, None)
+            said = "; ".join(line.strip() for line in err.text.splitlines() if line.strip())
+            return Issue(key, value, f"sbatch refused the {NOUN.get(err.role, err.role)} job: {said}",
+                         f"set {key} to {fix}")
+    return None
 
 
 class ClusterLimitError(ConfigError):
@@ -84,7 +134,7 @@ def _sbatch(argv: List[str], what: str) -> str:
     job_id = proc.stdout.strip().split(";")[0]
     if proc.returncode != 0 or not job_id.isdigit():
         msg = (proc.stderr or proc.stdout).strip() or f"exit code {proc.returncode}"
-        raise SubmissionError(f"sbatch refused the {what} job: {msg}")
+        raise SubmissionError(f"sbatch refused the {what} job: {msg}", text=msg)
     return job_id
 
 
@@ -116,7 +166,8 @@ def submit_chain(plan: LaunchPlan) -> List[Submitted]:
         try:
             done.append(Submitted(job, _sbatch(sbatch_argv(job, plan.run_dir, after), NOUN[job.role])))
         except SubmissionError as err:
-            raise SubmissionError(f"{err}{_cancel(done)}") from err
+            cancelled = _cancel(done)
+            raise SubmissionError(f"{err}{cancelled}", job.role, err.text, cancelled.strip()) from err
     return done
 
 
@@ -176,9 +227,20 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     """Check the chain against the cluster, submit it, record it in RUN_DIR/jobs.txt; never waits for it to run.
 
     Returns:
-        0 when every job was submitted; 2 when the cluster could never start it (nothing
-        left in the queue); 1 when sbatch refused a job (a message says why).
+        0 when every job was submitted, or the run is already complete (nothing submitted);
+        2 when a chain of the run directory is still queued or running, when the cluster
+        could never start it or sbatch refused an option we set (the key named; nothing
+        left in the queue), or an old model must be moved first; 1 when sbatch failed
+        otherwise (a message says why).
     """
+    problem = live_chain_problem(plan.run_dir)  # the CLI asks first, before planning; this is the last word
+    if problem:
+        print(f"fsdp_workflow: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    done, rc = finished_message(plan.layout, plan.max_steps, plan.consolidate is not None)
+    if done:
+        print(f"fsdp_workflow: {done}", file=sys.stderr if rc else sys.stdout)
+        return rc
     try:
         check_limits(cfg, plan)
         submitted = submit_chain(plan)
@@ -186,6 +248,11 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     except ClusterLimitError as err:
         return _print_config_error(err)
     except SubmissionError as err:
+        refused = sbatch_refusal_issue(cfg, err)
+        if refused is not None:  # an option we set: the key, like any invalid config (exit 2)
+            note = " ".join(line.strip() for line in err.cancelled.splitlines() if line.strip())
+            return _print_config_error(ClusterLimitError([refused], (note + " " if note else "")
+                                                         + "Nothing of this chain is left in the queue."))
         log.error("fsdp_workflow: submission failed: %s", err)
         return 1
     with open(plan.layout.jobs, "a") as f:

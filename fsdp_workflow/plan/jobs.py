@@ -93,6 +93,9 @@ class LaunchPlan:
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
         code_dir: ``RUN_DIR/code`` when ``cluster.code_snapshot`` is on (:mod:`fsdp_workflow.plan.snapshot`).
+        config_sha256: the hash of the ``config.yaml`` planning writes; each job refuses another file.
+        python_dir: where the interpreter that planned lives; jobs run it by absolute path and find
+            ``torchrun``/``accelerate`` beside it, so a fresh login shell submits the same environment.
     """
 
     layout: RunDir
@@ -111,6 +114,9 @@ class LaunchPlan:
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step
     code_dir: Optional[Path] = None  # the code snapshot, first on every job's PYTHONPATH (None: opted out)
+    config_sha256: str = ""  # sha256 of config.yaml as planned: every job checks it first (core.config_hash)
+    python_dir: Optional[str] = None  # the planning interpreter's directory, first on PATH (None: in an image)
+    max_steps: int = 0  # train.max_steps: submit.sh tells a finished run from one to continue
 
     @property
     def run_dir(self) -> Path:

@@ -11,13 +11,17 @@ quotes or newlines. Run-directory names come from :mod:`fsdp_workflow.core.rundi
 from __future__ import annotations
 
 import shlex
-from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping, Sequence
 
 from fsdp_workflow.container.wrap import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
+from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_USAGE
 from fsdp_workflow.core.rundir import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
     EVAL_SBATCH,
+    JOB_EXITS_DIR,
     LAUNCH_ENV_FILE,
     POST_CHECKPOINT_HOOK,
     REQUEUE_MARKER,
@@ -170,10 +174,72 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
     lines = [f"module load {shlex.quote(m)}" for m in plan.modules]
     if plan.env_script:
         lines.append(f". {shlex.quote(plan.env_script)}")
+    if plan.python_dir is not None:
+        lines.append(f"export PATH={shlex.quote(plan.python_dir)}:$PATH"
+                     "  # the interpreter that planned (and its torchrun), whatever the submitting shell had")
     if plan.code_dir is not None:
         lines.append(f"export PYTHONPATH={shlex.quote(str(plan.code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"
                      "  # the code as submitted (cluster.code_snapshot)")
     return lines
+
+
+# Slurm states after which a job never runs again: anything else in squeue is a live chain.
+TERMINAL_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+
+
+def exit_record_lines(role: str, on_term: bool) -> List[str]:
+    """An ``EXIT`` trap that writes ``job_exits/<role>-<job id>.json`` (:mod:`fsdp_workflow.core.job_exit`).
+
+    Written by the shell, so a job whose Python never started (a missing module, exit 127)
+    still leaves its code; every field is a number or a constant, so the JSON needs no
+    quoting. ``on_term``: a SIGTERM (scancel, the time limit) ends the script through the
+    trap (exit 143); the training job leaves SIGTERM to its own handling.
+    """
+    exits = _in_run_dir(JOB_EXITS_DIR)
+    rec = f'{exits}/"{role}-${{SLURM_JOB_ID:-0}}.json"'
+    fmt = ('{"role": "' + role + '", "job_id": "%s", "exit_code": %d, "cause": "%s", "restart": %d, '
+           '"time": %d}\\n')
+    lines = [
+        "# Every job leaves its exit code (and a cause the script knows) for status: job_exits/ROLE-ID.json.",
+        "JOB_CAUSE=",
+        "job_exit_record() {",
+        "  local rc=${1:-$?}",
+        f"  mkdir -p {exits} && printf '{fmt}' "
+        + '"${SLURM_JOB_ID:-0}" "$rc" "$JOB_CAUSE" "${SLURM_RESTART_COUNT:-0}" "$(date +%s)" '
+        + f"> {rec}.tmp && mv -f {rec}.tmp {rec} || true",
+        "}",
+        "trap job_exit_record EXIT",
+    ]
+    if on_term:
+        lines.append("trap 'exit 143' TERM")
+    return lines
+
+
+def config_check_lines(plan: LaunchPlan, role: str) -> List[str]:
+    """Stop at once when ``config.yaml`` is not the file that was validated (:mod:`fsdp_workflow.core.config_hash`)."""
+    replan = shell_join(replan_argv(plan.run_dir))
+    return [
+        f"# The config that runs is the config that was validated: sha256 of {CONFIG_FILE} as planned.",
+        f"CONFIG_SHA256={plan.config_sha256}",
+        f'if [ "$(sha256sum < {_in_run_dir(CONFIG_FILE)} | cut -d " " -f 1)" != "$CONFIG_SHA256" ]; then',
+        f"  JOB_CAUSE={CONFIG_CHANGED_CAUSE}",
+        f'  echo "[fsdp_workflow] {NOUN[role]} job ${{SLURM_JOB_ID:-}}: {CONFIG_FILE} changed since planning '
+        "(sha256 is not $CONFIG_SHA256): it is not the config that was validated; nothing was run. To run the "
+        f'edited config, validate and record it: {_dq(replan)}, then submit again." >&2',
+        f"  exit {EXIT_USAGE}",
+        "fi",
+    ]
+
+
+def _dq(text: str) -> str:
+    """``text`` for the inside of a double-quoted echo: ``"``, ``$``, backslash and backtick escaped."""
+    return "".join("\\" + c if c in '"$`\\' else c for c in text)
+
+
+def job_start_lines(plan: LaunchPlan, role: str, on_term: bool = True) -> List[str]:
+    """The first lines of every batch script: the run directory, the exit record, the config check."""
+    return [*_run_dir_lines(plan), *exit_record_lines(role, on_term), *config_check_lines(plan, role)]
 
 
 # How to go on once the requeues are spent; part of a double-quoted echo in train.sbatch.
@@ -249,8 +315,8 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
     lines = _sbatch_header(job) + [
         HEADER,
         "set -uo pipefail",
+        *job_start_lines(plan, "train", on_term=False),  # requeues run these too
         *site_env_lines(plan),
-        *_run_dir_lines(plan),
         f"MAX_REQUEUES={plan.max_requeues}",
         *requeue_guard_lines(),
         # forget a marker left by an earlier run: it would turn a later failure into "requeue me"
@@ -266,16 +332,30 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: List[str]) -> str:
-    """A one-step CPU job (consolidation, evaluation): header, site environment, exec the step."""
+def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: List[str],
+                       cleanup: Sequence[str] = (), at_start: bool = True) -> str:
+    """A one-step CPU job (preparation, consolidation, evaluation): header, checks, site environment, the step.
+
+    The step is not ``exec``'d: the shell stays to write the exit record and run
+    ``cleanup`` (staging left by a killed step) on every way out, and first (``at_start``)
+    for what an earlier, killed run of the job left.
+    """
     lines = _sbatch_header(job) + [
         HEADER,
         comment,
         "set -euo pipefail",
         *pre,
+        *job_start_lines(plan, job.role),
+    ]
+    if cleanup:
+        lines += ["# Staging directories go on every way out (the exit code is kept for the record).",
+                  "cleanup_staging() {", *(f"  {c}" for c in cleanup), "}",
+                  *(["cleanup_staging  # what a killed earlier run left"] if at_start else []),
+                  "trap 'rc=$?; cleanup_staging || true; job_exit_record \"$rc\"' EXIT"]
+    lines += [
         *site_env_lines(plan),
         *(shell_join(argv) for argv in job.before_argvs),
-        "exec " + shell_join(job.step_argv),
+        shell_join(job.step_argv),
         "",
     ]
     return "\n".join(lines)
@@ -288,17 +368,32 @@ CHAIN_COMMENTS = {
 }
 
 
+def _staging_rm(model_dir: str) -> str:
+    """Remove a consolidation's staging directories beside ``model_dir`` (``.NAME.tmp-PID``)."""
+    parent, _, name = model_dir.rpartition("/")
+    return f"rm -rf {shlex.quote(parent or '/')}/{shlex.quote('.' + name + '.tmp-')}*"
+
+
 def render_cpu_job_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
     """A CPU job of the chain (data preparation, consolidation)."""
-    return _single_step_sbatch(plan, job, CHAIN_COMMENTS[job.role], [])
+    cleanup: List[str] = []
+    if job.role == "consolidate":  # a requeued or killed consolidation leaves .hf_model.tmp-<pid>
+        cleanup = [_staging_rm(str(plan.layout.hf_model)), _staging_rm(str(plan.layout.hf_model_ema))]
+    return _single_step_sbatch(plan, job, CHAIN_COMMENTS[job.role], [], cleanup)
 
 
 def render_eval_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
-    """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``."""
+    """One checkpoint's consolidation and held-out perplexity: ``sbatch eval.sbatch STEP``.
+
+    Its hard-linked snapshot (``evals/pending/step-STEP``) and consolidated copy go on
+    every way out, a cancelled or killed job included.
+    """
+    layout = plan.layout
     return _single_step_sbatch(
         plan, job,
         "# Consolidates checkpoints/step-STEP and appends its held-out perplexity to evals.jsonl.",
-        ['STEP=${1:?usage: sbatch eval.sbatch STEP}'])
+        ['STEP=${1:?usage: sbatch eval.sbatch STEP}'],
+        [f'rm -rf {shell_word(str(layout.pending_evals))}/{STEP_PREFIX}"$STEP"'], at_start=False)
 
 
 def _submit_lines(plan: LaunchPlan, job: SbatchJob, submitted: List[SbatchJob]) -> List[str]:
@@ -316,6 +411,67 @@ def _submit_lines(plan: LaunchPlan, job: SbatchJob, submitted: List[SbatchJob]) 
     return [f"if ! {var}=$(" + shell_join(cmd) + "); then", *failed, "  exit 1", "fi", f"{var}=${{{var}%%;*}}"]
 
 
+def chain_guard_lines(plan: LaunchPlan) -> List[str]:
+    """``submit.sh``'s first question: is a chain of this run directory still queued or running, or done?
+
+    The same rules as :mod:`fsdp_workflow.launch.chain_guard` (the Python route): a live
+    job of ``jobs.txt`` refuses (exit 2, with how to follow or cancel it); a run trained
+    to ``train.max_steps`` with its model written is complete (exit 0, nothing
+    submitted); a model of an earlier, shorter run must be moved aside before continuing.
+    """
+    layout = plan.layout
+    jobs, model = _in_run_dir(layout.jobs.name), shell_word(str(layout.hf_model))
+    terminal = "|".join(TERMINAL_STATES)
+    status = f'python -m fsdp_workflow.status $(printf %q "$RUN_DIR")'
+    lines = [
+        "# One live chain per run directory: a job of jobs.txt still queued or running refuses.",
+        f"if [ -s {jobs} ]; then",
+        f"  ids=$(awk 'NF >= 2 {{print $2}}' {jobs} | paste -sd , -)",
+        '  if ! out=$(squeue -h -j "$ids" -o "%i %T %r" 2>&1); then',
+        '    case "$out" in *"Invalid job id"*) out="";; *) echo "submit.sh: cannot ask Slurm about the jobs of '
+        'jobs.txt ($out); nothing submitted" >&2; exit 1;; esac',
+        "  fi",
+        f"  live=$(printf '%s\\n' \"$out\" | awk 'NF >= 2 && $2 !~ /^({terminal})$/')",
+        '  if [ -n "$live" ]; then',
+        '    echo "submit.sh: a chain of this run directory is still in the queue; nothing submitted:" >&2',
+        "    printf '%s\\n' \"$live\" | awk '{print \"  job \" $1 \": \" $2 (NF > 2 ? \" (\" $3 \")\" : \"\")}' >&2",
+        f'    echo "follow it: {status}" >&2',
+        "    echo \"or cancel it, then submit again: scancel $(printf '%s\\n' \"$live\" | awk '{print $1}' | "
+        "paste -sd ' ' -)\" >&2",
+        f"    exit {EXIT_USAGE}",
+        "  fi",
+        "fi",
+        f'last=$(ls {_in_run_dir(CHECKPOINTS_DIR)} 2>/dev/null | sed -n "s/^{STEP_PREFIX}\\([0-9][0-9]*\\)$/\\1/p" '
+        '| sort -n | tail -n 1) || last=""',
+    ]
+    if plan.consolidate is not None:
+        lines += [
+            f"if [ -d {model} ]; then",
+            f'  if [ -z "$last" ] || [ "$last" -ge {plan.max_steps} ]; then',
+            f'    echo "submit.sh: this run is complete (trained to step ${{last:-?}} of train.max_steps='
+            f'{plan.max_steps}); the model is in {_dq(str(layout.hf_model))}. Nothing submitted. To train '
+            'further, plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest '
+            'checkpoint)."',
+            "    exit 0",
+            "  fi",
+            f'  echo "submit.sh: {_dq(str(layout.hf_model))} holds the model of an earlier, shorter run (step $last '
+            f'of train.max_steps={plan.max_steps}); the consolidation never overwrites it. Move it aside first: '
+            f'mv {_dq(shell_word(str(layout.hf_model)))} {_dq(shell_word(str(layout.hf_model) + ".step-"))}$last; '
+            'nothing submitted" >&2',
+            f"  exit {EXIT_USAGE}",
+            "fi",
+        ]
+    else:
+        lines += [
+            f'if [ -n "$last" ] && [ "$last" -ge {plan.max_steps} ]; then',
+            f'  echo "submit.sh: this run is complete (trained to step $last of train.max_steps={plan.max_steps}; '
+            f'checkpoints in {_dq(str(layout.checkpoints))}). Nothing submitted."',
+            "  exit 0",
+            "fi",
+        ]
+    return lines
+
+
 def render_submit(plan: LaunchPlan) -> str:
     """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node.
 
@@ -329,6 +485,7 @@ def render_submit(plan: LaunchPlan) -> str:
         "# Submit the chain without Python: bash submit.sh",
         "set -euo pipefail",
         *_run_dir_lines(plan),
+        *chain_guard_lines(plan),
         "mkdir -p " + shell_word(str(plan.layout.logs)),
     ]
     for i, job in enumerate(plan.chain):

@@ -253,6 +253,7 @@ def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
         "git_revision": revision,
         "git_dirty": None if revision == "unknown" else revision.endswith("-dirty"),
         "code_snapshot": snapshot,
+        "config_sha256": plan.config_sha256,  # what every job checks config.yaml against (core.config_hash)
         "command": sys.argv,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,

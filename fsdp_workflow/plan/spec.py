@@ -11,12 +11,17 @@ cannot diverge.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fsdp_workflow.config.load import to_yaml
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
     ClusterKind,
+    ContainerRuntime,
     DataSource,
     Device,
     Launcher,
@@ -26,12 +31,14 @@ from fsdp_workflow.config.schema import (
     world_size,
 )
 from fsdp_workflow.container import container_command, srun_container_args
+from fsdp_workflow.core.config_hash import config_sha256
 from fsdp_workflow.core.rundir import (
     CONSOLIDATE_SBATCH,
     EMA_KEY,
     EVAL_SBATCH,
     MODEL_KEY,
     PREPARE_SBATCH,
+    SWEEP_FILE,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
     RunDir,
@@ -42,13 +49,47 @@ from fsdp_workflow.plan.render import wrapped_argv
 Options = List[Tuple[str, Optional[str]]]
 
 
+def in_image(cfg: WorkflowConfig) -> bool:
+    """Whether the steps run inside a container image (then ``python`` is the image's own)."""
+    return cfg.container.runtime != ContainerRuntime.none
+
+
 def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
     """A step's command, run inside ``cfg.container``'s image (unchanged without one).
+
+    Without an image, ``python`` becomes the absolute path of the interpreter that
+    planned: a job submitted from a shell without the venv runs the same Python.
 
     Raises:
         ValueError: an unknown step, or a bind that cannot be parsed.
     """
+    if not in_image(cfg) and argv[:1] == ["python"]:
+        argv = [sys.executable, *argv[1:]]
     return wrapped_argv(container_command(cfg, step), argv)
+
+
+def sweep_point(run_dir: Path) -> Optional[int]:
+    """The point number of a run directory in a ``-m`` sweep (its parent's ``sweep.json``), else None.
+
+    Read so that each point's jobs get a name of their own (``squeue`` tells them apart);
+    the index is written before the first point plans (:mod:`fsdp_workflow.launch.sweep`).
+    """
+    try:
+        index = json.loads((run_dir.parent / SWEEP_FILE).read_text())
+        points = index.get("points") if isinstance(index, dict) else None
+    except (OSError, ValueError):
+        return None
+    for p in points if isinstance(points, list) else []:
+        if isinstance(p, dict) and isinstance(p.get("num"), int) and \
+                os.path.abspath(str(p.get("run_dir"))) == str(run_dir):
+            return p["num"]
+    return None
+
+
+def job_name(cfg: WorkflowConfig, role: str) -> str:
+    """``NAME-ROLE``, or ``NAME-N-ROLE`` for point N of a sweep (every point's jobs distinct in squeue)."""
+    num = sweep_point(run_layout(cfg).root)
+    return _sbatch_value("name", f"{cfg.name}-{role}" if num is None else f"{cfg.name}-{num}-{role}")
 
 
 def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
@@ -142,7 +183,7 @@ def _common_options(cfg: WorkflowConfig, partition: Optional[str]) -> Options:
 def _cpu_job_options(cfg: WorkflowConfig, role: str) -> Options:
     """One task on one node with the consolidation resources (consolidation and evaluation jobs)."""
     c = cfg.cluster
-    opts = [("job-name", _sbatch_value("name", f"{cfg.name}-{role}"))]
+    opts = [("job-name", job_name(cfg, role))]
     opts += _common_options(cfg, c.consolidate_partition or c.partition)
     return opts + [
         ("nodes", "1"),
@@ -158,7 +199,7 @@ def _train_options(cfg: WorkflowConfig) -> Options:
     c = cfg.cluster
     gpus = c.gpus_per_node if c.gpus_per_node is not None else (
         c.processes_per_node if c.device == Device.cuda else 0)
-    opts = [("job-name", _sbatch_value("name", f"{cfg.name}-train"))]
+    opts = [("job-name", job_name(cfg, "train"))]
     opts += _common_options(cfg, c.partition)
     opts += [
         ("nodes", str(c.nodes)),
@@ -266,6 +307,10 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         modules=list(c.modules),
         env_script=c.env_script,
         code_dir=layout.code if c.code_snapshot else None,
+        # the bytes write_run_dir writes to config.yaml (plan.run_dir): every job checks them first
+        config_sha256=config_sha256(to_yaml(cfg)),
+        python_dir=None if in_image(cfg) else os.path.dirname(sys.executable),
+        max_steps=cfg.train.max_steps,
     )
 
 

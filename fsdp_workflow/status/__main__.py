@@ -2,7 +2,7 @@
 
     python -m fsdp_workflow.status RUN_DIR
     python -m fsdp_workflow.status RUN_DIR --json
-    python -m fsdp_workflow.status RUN_DIR --watch 30      # redraw every 30 s; Ctrl-C stops
+    python -m fsdp_workflow.status RUN_DIR --watch 30      # redraw every 30 s until the chain ends (its exit code)
     python -m fsdp_workflow.status RUN_DIR --plot loss.png # needs the plot extra (matplotlib)
     python -m fsdp_workflow.status SWEEP_DIR          # one line per point of a -m sweep
 
@@ -22,11 +22,11 @@ import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, SWEEP_FILE
-from fsdp_workflow.status.collect import collect
+from fsdp_workflow.status.collect import chain_outcome, collect
 from fsdp_workflow.status.plot import plot_run, plot_target_problem
 from fsdp_workflow.status.text import format_text
 from fsdp_workflow.status.watch import DEFAULT_S, watch
@@ -37,7 +37,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("run_dir", help="the run directory given as run_dir= at submission, or a sweep directory")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument("--watch", nargs="?", type=float, const=DEFAULT_S, metavar="SECONDS",
-                   help=f"redraw every SECONDS (default {DEFAULT_S:g}) until Ctrl-C")
+                   help=f"redraw every SECONDS (default {DEFAULT_S:g}) until the chain ends: exit 0 done, "
+                   "the failed job's code, 2 when it can never start; Ctrl-C exits 0")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw the curves into a PNG (needs matplotlib)")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir).absolute()
@@ -59,14 +60,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.plot is not None and plot_run(run_dir, args.plot) != 0:
         return EXIT_USAGE
 
-    def render() -> str:
+    def render() -> Tuple[str, Optional[int]]:
         rs = collect(run_dir)
-        return json.dumps(asdict(rs), indent=2) if args.json else format_text(rs, _width())
+        text = json.dumps(asdict(rs), indent=2) if args.json else format_text(rs, _width())
+        return text, chain_outcome(rs)[1]
 
     if args.watch is not None:
         return watch(render, max(0.5, args.watch))
     try:
-        print(render(), flush=True)
+        print(render()[0], flush=True)
     except BrokenPipeError:  # `status RUN_DIR | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -30,7 +30,10 @@ import yaml
 
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.curves import read_series
+from fsdp_workflow.core.config_hash import PROVENANCE_KEY, changed_message, file_sha256
 from fsdp_workflow.core.exit_codes import MEANINGS
+from fsdp_workflow.core.job_exit import explain, read_record
+from fsdp_workflow.core.reasons import explain as explain_reason
 from fsdp_workflow.core.rundir import JOBS_FILE, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.mixture import describe as describe_sources
@@ -72,6 +75,9 @@ class JobStatus:
     message: str = ""  # the batch script's last word on requeueing ("out of requeues"), if any
     time_limit: str = ""  # scontrol's TimeLimit ([D-]HH:MM:SS, UNLIMITED)
     run_time: str = ""  # scontrol's RunTime when asked
+    why: Optional[dict] = None  # a failed job: {code, reason, line, fix, source} (core.job_exit)
+    reason_words: str = ""  # Slurm's pending reason in words (core.reasons), with what to do
+    record: Optional[dict] = None  # its exit record, job_exits/<role>-<id>.json
 
 
 @dataclass
@@ -100,6 +106,9 @@ class RunStatus:
     heartbeats: List[dict] = field(default_factory=list)  # per rank: host, pid, age_s, stale, alive
     resume_command: str = ""  # shell-quoted; for a stopped run with a checkpoint
     consolidate_command: str = ""  # shell-quoted; for a stopped run with a checkpoint and no model
+    config_changed: str = ""  # config.yaml is not the file planned (its sha256 differs from provenance.json)
+    debris: List[str] = field(default_factory=list)  # staging left behind: .hf_model.tmp-*, code/.*.tmp, pending evals
+    chain: str = ""  # the chain as a whole: running, queued, done, failed, stuck (see chain_outcome)
 
 
 def _run(argv: List[str], timeout_s: float = 15) -> subprocess.CompletedProcess:
@@ -205,6 +214,24 @@ def job_status(layout: RunDir, role: str, job_id: str) -> JobStatus:
             st.restarts = logged  # slurmctld forgot the job (sacct keeps no restart count)
     if rec is not None:
         st.status = classify(st.slurm_state, st.restarts, st.reason)
+    st.record = read_record(layout.job_exit(role, job_id))
+    if st.status == "unknown" and st.record is not None and isinstance(st.record.get("exit_code"), int):
+        # slurmctld and sacct forgot the job: its own record is the last word
+        st.status = "done" if st.record["exit_code"] == 0 else "failed"
+        st.exit_code = f"{st.record['exit_code']}:0"
+        st.source = f"{layout.job_exit(role, job_id)} ({st.source})"
+    if st.status in ("failed", "cancelled") or (st.status == "done" and st.exit_code not in ("", "0:0")):
+        why = explain(st.record, st.exit_code, Path(st.log) if st.log else None, layout.root)
+        st.why = why.to_dict() if why is not None else None
+    if st.status == "cancelled" and st.reason and st.reason not in ("None", "NonZeroExitCode"):
+        st.reason_words = explain_reason(st.reason).words  # DependencyNeverSatisfied: why it never ran
+    if st.status in ("queued", "requeued") and st.reason:
+        words = explain_reason(st.reason)
+        st.reason_words = words.words + ("" if words.fix == "wait" else f"; {words.fix}")
+        if st.reason.startswith("JobHeld"):
+            st.status = "held"
+            st.reason_words = (f"held by you: it starts after scontrol release {job_id}" if st.reason == "JobHeldUser"
+                               else "held by an admin: ask them to release it")
     return st
 
 
@@ -358,8 +385,69 @@ def collect(run_dir: Path) -> RunStatus:
         rs.consolidated_ema_dir = str(layout.hf_model_ema)
         rs.consolidated_ema = _consolidated(layout.hf_model_ema, rs.problems)[0]
     rs.last_eval = _last_eval(layout, rs.problems)
+    rs.config_changed = _config_changed(layout, provenance)
+    rs.debris = _debris(layout, rs.jobs)
     _liveness(rs, layout, cfg, provenance)
+    rs.chain = chain_outcome(rs)[0]
     return rs
+
+
+def _config_changed(layout: RunDir, provenance: Optional[dict]) -> str:
+    """The message when config.yaml is not the file that was planned (provenance.json's ``config_sha256``)."""
+    planned = (provenance or {}).get(PROVENANCE_KEY)
+    if not isinstance(planned, str) or not planned:
+        return ""  # planned before the hash was recorded: nothing to compare with
+    return "" if file_sha256(layout.config) == planned else changed_message(layout.root)
+
+
+_LIVE = ("queued", "requeued", "running", "held")
+
+
+def _debris(layout: RunDir, jobs: List[JobStatus]) -> List[str]:
+    """Staging directories nothing will finish: a consolidation's ``.NAME.tmp-PID``, the code snapshot's
+    ``code/.*.tmp``, and pending evaluation links once no evaluation job is live."""
+    found: List[Path] = []
+    for model in (layout.hf_model, layout.hf_model_ema):
+        if model.parent.is_dir():
+            found += sorted(model.parent.glob(f".{model.name}.tmp-*"))
+    if layout.code.is_dir():
+        found += sorted(p for p in layout.code.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old")))
+    evals_live = any(j.role.startswith("eval") and j.status in _LIVE for j in jobs)
+    if layout.pending_evals.is_dir() and not evals_live:
+        found += sorted(layout.pending_evals.iterdir())
+    live = any(j.status in _LIVE for j in jobs if j.role in ("consolidate",))
+    return [str(p) for p in found if not (live and p.name.startswith(f".{layout.hf_model.name}.tmp-"))]
+
+
+def chain_outcome(rs: RunStatus) -> tuple:
+    """Where the chain as a whole stands, for ``--watch``: (word, exit code or None while it can progress).
+
+    ``done`` (0): every job done, or a local run finished. ``failed`` (the first failed job's
+    code, else 1): a job failed or was cancelled and nothing is left to run. ``stuck`` (2): a
+    job waits for something that never comes (a pending reason that means never). Else live.
+    """
+    if not rs.jobs:
+        if rs.state == "finished":
+            return "done", 0
+        if rs.state == "stopped":
+            code = (rs.train_exit or {}).get("exit_code")
+            return "failed", code if isinstance(code, int) and code else 1
+        return rs.state, None
+    for j in rs.jobs:
+        if j.status in ("queued", "requeued") and j.reason and explain_reason(j.reason).never:
+            return "stuck", 2
+    if any(j.status in _LIVE for j in rs.jobs):
+        return "running" if any(j.status == "running" for j in rs.jobs) else "queued", None
+    if any(j.status == "unknown" for j in rs.jobs):
+        return "unknown", None
+    # the newest submission decides: an earlier chain's failure does not fail one resubmitted since
+    head = "prepare" if any(j.role == "prepare" for j in rs.jobs) else "train"
+    start = max((i for i, j in enumerate(rs.jobs) if j.role == head), default=0)
+    bad = [j for j in rs.jobs[start:] if j.status in ("failed", "cancelled")]
+    if not bad:
+        return "done", 0
+    code = (bad[0].why or {}).get("exit_code")
+    return "failed", code if isinstance(code, int) and 0 < code < 256 else 1
 
 
 def _liveness(rs: RunStatus, layout: RunDir, cfg: Dict[str, Any], provenance: Optional[dict]) -> None:
@@ -373,8 +461,8 @@ def _liveness(rs: RunStatus, layout: RunDir, cfg: Dict[str, Any], provenance: Op
         ran = rs.progress is not None and rs.progress.step is not None
         live = local_liveness(layout, beats, ran or rs.train_exit is not None, code)
     rs.state, rs.state_detail, rs.heartbeats = live.state, live.detail, live.ranks
-    if rs.state not in ("running", "queued") and rs.progress is not None:
-        rs.progress.eta_s = None  # nothing is training: a time left would be a lie
+    if rs.state != "running" and rs.progress is not None:
+        rs.progress.eta_s = None  # nothing is training (queued, held, failed, cancelled): a time left would be a lie
     if rs.state != "stopped" or rs.latest_checkpoint_step is None:
         return
     cluster = cfg.get("cluster") if isinstance(cfg.get("cluster"), dict) else {}

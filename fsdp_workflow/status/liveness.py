@@ -134,8 +134,9 @@ def slurm_liveness(statuses: List[str], roles: List[str], beats: List[dict], exi
     train = [s for s, r in zip(statuses, roles) if r == "train"]
     if "running" in train:
         return Liveness("running", "the training job is running", beats)
-    if any(s in ("queued", "requeued") for s in train):
-        return Liveness("queued", "the training job waits in the queue", beats)
+    if any(s in ("queued", "requeued", "held") for s in train):
+        return Liveness("queued", "the training job is held" if "held" in train else
+                        "the training job waits in the queue", beats)
     if train and all(s == "unknown" for s in train):
         return Liveness("unknown", "Slurm does not say whether the training job runs", beats)
     if exit_code == 0 or (train and train[-1] == "done"):

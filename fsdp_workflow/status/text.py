@@ -13,6 +13,9 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
     """The report; the progress lines and the curves (``width`` columns) come after the fixed lines."""
     lines = [f"run: {rs.run_dir}", f"state: {rs.state}" + (f" ({rs.state_detail})" if rs.state_detail else "")]
     lines += [f"broken record: {p}" for p in rs.problems]
+    if rs.config_changed:
+        lines.append(f"warning: {rs.config_changed}")
+    lines += [f"left behind: {d} (staging nothing will finish; safe to remove)" for d in rs.debris]
     for j in rs.jobs:
         extra = [f"slurm {j.slurm_state}" if j.slurm_state else "", f"reason {j.reason}" if j.reason else "",
                  f"exit {j.exit_code}" if j.exit_code and j.status in ("done", "failed", "cancelled") else "",
@@ -25,6 +28,20 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
             lines.append(f"  {'':<12} {'':>8}  log: {j.log}")
         if j.message:
             lines.append(f"  {'':<12} {'':>8}  {j.message}")
+        pad = f"  {'':<12} {'':>8}  "
+        if j.reason_words:
+            lines.append(f"{pad}{j.reason_words}")
+        if j.why:
+            w = j.why
+            lines.append(f"{pad}why: " + (f"exit {w['exit_code']}: " if w.get("exit_code") is not None else "") + w["reason"])
+            if w.get("line"):
+                lines.append(f"{pad}log says: {w['line']}")
+            if w.get("fix"):
+                lines.append(f"{pad}fix: {w['fix']}")
+        if j.role == "train" and j.status == "cancelled":
+            step = rs.latest_checkpoint_step
+            lines.append(f"{pad}cancelled; " + (f"checkpoint it reached: step {step}" if step is not None
+                                                else "no checkpoint reached: a resubmission starts over"))
     if rs.train_exit is not None:
         te = rs.train_exit
         lines.append(f"trainer exit: {te.get('exit_code')} ({te['meaning']})"
@@ -40,7 +57,8 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
                      + f"; git {c.get('git_revision')}{dirty}")
     step = rs.latest_checkpoint_step
     lines.append(f"latest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}"
-                 + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else ""))
+                 + ("  (.requeue marker present: stopped on a signal)" if rs.requeue_marker else "")
+                 + (": resume with the command below" if rs.requeue_marker and rs.resume_command else ""))
     for bad in rs.skipped_checkpoints:
         lines.append(f"checkpoint step {bad['step']}: resume will skip it: {bad['problem']}")
     for path in rs.quarantined:

@@ -28,6 +28,14 @@ IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr
 STEPS = ["train", "consolidate", "evaluate"]
 
 
+@pytest.fixture
+def fixed_interpreter(monkeypatch):
+    """Without an image the scripts name the planning interpreter (sys.executable): fixed for the golden files."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
+
+
 def _cfg(runtime: str, *extra: str, strategy: str = "fsdp2", run_dir: str = "/runs/x"):
     ov = ["+experiment=llama8b_fft", "cluster.partition=gpu", f"strategy={strategy}", f"container={runtime}",
           f"run_dir='{run_dir}'"]
@@ -49,7 +57,7 @@ def _record(cfg) -> str:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("runtime", list(IMAGES))
-def test_commands_and_scripts_match_golden(runtime: str, strategy: str) -> None:
+def test_commands_and_scripts_match_golden(runtime: str, strategy: str, fixed_interpreter) -> None:
     text = _record(_cfg(runtime, strategy=strategy))
     path = GOLDEN / f"{runtime}-{strategy}.txt"
     if REGEN:

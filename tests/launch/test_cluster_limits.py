@@ -28,7 +28,7 @@ from fsdp_workflow.launch.cluster_info import (
     parse_sinfo,
     slurm_minutes,
 )
-from fsdp_workflow.launch.reasons import explain
+from fsdp_workflow.core.reasons import explain
 from fsdp_workflow.plan.spec import build_plan
 
 PARTITIONS = """\

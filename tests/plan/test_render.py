@@ -28,6 +28,14 @@ def _cfg(experiment: str, run_dir: str, *extra: str):
     return compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir='{run_dir}'", *extra])
 
 
+@pytest.fixture(autouse=True)
+def _fixed_interpreter(monkeypatch):
+    """The scripts name the planning interpreter (sys.executable): fixed, so golden files agree on every machine."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
+
+
 VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"])}
 
 
@@ -75,7 +83,7 @@ def test_no_consolidation_job_when_disabled() -> None:
 
 def test_prepare_heads_the_chain_and_synthetic_data_needs_none() -> None:
     scripts = render_all(build_plan(_cfg("smoke", "/runs/x")))
-    assert "exec python -m fsdp_workflow.data.prepare /runs/x\n" in scripts["prepare.sbatch"]
+    assert "\n/opt/venv/bin/python -m fsdp_workflow.data.prepare /runs/x\n" in scripts["prepare.sbatch"]
     submit = scripts["submit.sh"]
     assert submit.index("prepare.sbatch") < submit.index("train.sbatch") < submit.index("consolidate.sbatch")
     assert '"--dependency=afterok:${prepare_id}" --kill-on-invalid-dep=yes' in submit
@@ -132,4 +140,65 @@ def test_site_modules_and_env_script_are_quoted_in_every_job() -> None:
         text = scripts[name]
         assert "module load cuda/12.4\nmodule load 'nccl;id'\n. '/opt/my env/activate'\n" in text, name
         # the site environment comes before the step runs
-        assert text.index("module load cuda/12.4") < text.index("\nexec " if name != "train.sbatch" else "\nsrun ")
+        assert text.index("module load cuda/12.4") < text.index("\n/opt/venv/bin/python " if name != "train.sbatch" else "\nsrun ")
+
+
+def test_sweep_points_get_job_names_of_their_own(tmp_path) -> None:
+    """Point N of a sweep (listed in its parent's sweep.json) names its jobs NAME-N-ROLE; squeue tells them apart."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"points": [
+        {"num": n, "overrides": [], "run_dir": str(sweep / str(n))} for n in (0, 1)]}))
+    scripts = render_all(build_plan(_cfg("smoke", str(sweep / "1"), "consolidate.every_checkpoint=true")))
+    for name, role in (("prepare.sbatch", "prepare"), ("train.sbatch", "train"),
+                       ("consolidate.sbatch", "consolidate"), ("eval.sbatch", "eval")):
+        assert f"#SBATCH --job-name=smoke-1-{role}\n" in scripts[name], name
+    alone = render_all(build_plan(_cfg("smoke", str(tmp_path / "alone"))))
+    assert "#SBATCH --job-name=smoke-train\n" in alone["train.sbatch"]
+
+
+def test_every_job_checks_the_config_hash_and_records_its_exit_first() -> None:
+    """Before the site environment or the step: the exit record's trap, then the config.yaml hash check."""
+    import hashlib
+
+    from fsdp_workflow.config.load import to_yaml
+
+    cfg = _cfg("smoke", "/runs/x", "consolidate.every_checkpoint=true")
+    digest = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+    scripts = render_all(build_plan(cfg))
+    for name in ("prepare.sbatch", "train.sbatch", "consolidate.sbatch", "eval.sbatch"):
+        text = scripts[name]
+        assert f"CONFIG_SHA256={digest}\n" in text, name
+        trap, check = text.index("trap job_exit_record EXIT"), text.index('if [ "$(sha256sum < "$RUN_DIR/config.yaml"')
+        first_step = min(i for i in (text.find("export PATH="), text.find("\nsrun "), text.find("/opt/venv/bin/python "))
+                         if i >= 0)
+        assert trap < check < first_step, name
+
+
+def test_cpu_jobs_remove_their_staging_and_record_their_exit_on_every_way_out(tmp_path) -> None:
+    """consolidate.sbatch and eval.sbatch run by bash (no Slurm), their step failing (the interpreter
+    is missing): the consolidation's .hf_model.tmp-* and the evaluation's pending link are gone, and each
+    left its exit record; an edited config.yaml stops a job before its step with cause config_changed."""
+    from fsdp_workflow.plan.run_dir import write_run_dir
+
+    run = tmp_path / "run dir"
+    plan = write_run_dir(_cfg("smoke", str(run), "consolidate.every_checkpoint=true", "cluster=slurm"))
+    layout = plan.layout
+    debris = [run / ".hf_model.tmp-4242", run / ".hf_model_ema.tmp-7"]
+    for d in debris:
+        (d / "part").mkdir(parents=True)
+    layout.eval_snapshot(5).mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    cons = subprocess.run(["bash", str(run / "consolidate.sbatch")], env=env, capture_output=True, text=True)
+    assert cons.returncode == 127, cons.stderr  # /opt/venv/bin/python: not here
+    assert not any(d.exists() for d in debris)
+    assert json.loads((run / "job_exits" / "consolidate-77.json").read_text())["exit_code"] == 127
+    ev = subprocess.run(["bash", str(run / "eval.sbatch"), "5"], env={**env, "SLURM_JOB_ID": "78"},
+                        capture_output=True, text=True)
+    assert ev.returncode == 127 and not layout.eval_snapshot(5).exists()
+    assert json.loads((run / "job_exits" / "eval-78.json").read_text())["exit_code"] == 127
+    layout.config.write_text(layout.config.read_text() + "\n# edited\n")
+    edited = subprocess.run(["bash", str(run / "prepare.sbatch")], env={**env, "SLURM_JOB_ID": "79"},
+                            capture_output=True, text=True)
+    assert edited.returncode == 2 and "config.yaml changed since planning" in edited.stderr
+    assert json.loads((run / "job_exits" / "prepare-79.json").read_text())["cause"] == "config_changed"

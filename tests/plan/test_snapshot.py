@@ -71,3 +71,69 @@ def test_opting_out_writes_no_snapshot_and_no_pythonpath(tmp_path: Path) -> None
     assert "PYTHONPATH" not in (run / "train.sbatch").read_text() + (run / "consolidate.sbatch").read_text()
     assert json.loads((run / "provenance.json").read_text())["code_snapshot"] is None
     assert "PYTHONPATH" not in explicit_env(cfg)
+
+
+def _tiny_fs(path: Path, size: str):
+    """A real, small filesystem (tmpfs) at ``path``: root only (CI runs the tests as root)."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+
+
+def test_a_full_disk_refuses_the_snapshot_with_the_space_needed_and_freeing_it_works(tmp_path: Path) -> None:
+    """The disk-full advice is a path that works: plan onto a full disk (exit 74, no traceback, nothing
+    half-written), free what it says, run the same command again (it plans)."""
+    import sys
+
+    fs = tmp_path / "fs"
+    _tiny_fs(fs, "4m")
+    try:
+        run_dir = fs / "run"
+        old = run_dir / "checkpoints" / "step-10"
+        old.mkdir(parents=True)
+        free = __import__("shutil").disk_usage(fs).free
+        (old / "blob").write_bytes(b"\0" * (free - 300_000))  # leaves about 0.3 MB: less than the code needs
+        argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
+                f"run_dir={run_dir}", "dry_run=true", "data=synthetic"]
+        full = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert full.returncode == 74, full.stdout + full.stderr
+        assert "disk full (ENOSPC): the code snapshot needs" in full.stderr and "Traceback" not in full.stderr
+        m = re.search(r"Free at least ([\d.]+) MB", full.stderr)
+        assert m and float(m.group(1)) > 0, full.stderr
+        assert str(run_dir / "checkpoints") in full.stderr
+        assert not (run_dir / "code" / ".fsdp_workflow.tmp").exists() and not (run_dir / "submit.sh").exists()
+        __import__("shutil").rmtree(old)  # what the message says to free
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert (run_dir / "code" / "fsdp_workflow" / "__init__.py").is_file()
+    finally:
+        subprocess.run(["umount", str(fs)], check=False)
+
+
+def test_disk_full_while_copying_leaves_no_partial_snapshot(tmp_path: Path, monkeypatch) -> None:
+    """ENOSPC in the middle of the copy (the disk filled meanwhile): exit 74, the partial copy removed."""
+    import errno
+
+    import pytest
+
+    from fsdp_workflow.plan import snapshot
+
+    pkg = _package(tmp_path / "src")
+    calls = []
+
+    def copy_then_fill(src, dst, *a, **k):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return __import__("shutil").copyfile(src, dst)
+
+    monkeypatch.setattr(snapshot.shutil, "copy2", copy_then_fill)
+    with pytest.raises(snapshot.SnapshotDiskFull) as info:
+        write_snapshot(tmp_path / "run" / "code", source=pkg)
+    assert info.value.code == 74 and "needs" in info.value.message
+    assert list((tmp_path / "run" / "code").iterdir()) == []

@@ -77,7 +77,9 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
         ("prepare", "done"), ("train", "done"), ("consolidate", "done")]
     assert st["latest_checkpoint_step"] == 30 and st["consolidated"] == "verified"
     assert st["consolidated_ema"] == "verified" and st["consolidated_ema_dir"] == str(run_dir / "hf_model_ema")
-    assert (st["progress"]["step"], st["progress"]["max_steps"], st["progress"]["eta_s"]) == (30, 30, 0.0)
+    # finished: no time left is shown (an ETA is only for a running job), and the chain is done
+    assert (st["progress"]["step"], st["progress"]["max_steps"], st["progress"]["eta_s"]) == (30, 30, None)
+    assert st["chain"] == "done" and st["debris"] == []
     card_dir = run_dir / "hf_model"  # the model card links the loss curve drawn beside it
     assert (card_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "](loss_curve.png)" in (card_dir / "README.md").read_text()
@@ -141,3 +143,8 @@ def test_bad_data_fails_the_prepare_job_and_nothing_trains(slurm_cluster, tmp_pa
     for role in ("train", "consolidate"):
         rec = su.wait_for_job(ids[role], timeout_s=60)
         assert (rec["JobState"], rec["Reason"]) == ("CANCELLED", "DependencyNeverSatisfied"), rec
+    # status names the cause, not only the log path: the record's code and the log's file:line
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
+                        capture_output=True, text=True, check=True).stdout
+    assert f"why: exit 2: bad input at {data}:3" in st, st
+    assert f"log says: {data}:3" in st and "fix: fix that line" in st

@@ -44,6 +44,9 @@ def test_a_two_point_sweep_submits_two_chains_indexed_and_shown(slurm_cluster, t
             assert set(own) == {"prepare", "train", "consolidate"}
             assert p["jobs"] == {role: str(job) for role, job in own.items()}  # the index holds the same ids
         assert not set(ids[0].values()) & set(ids[1].values())
+        # each point's jobs have a name of their own: the sweep's name and the point's number
+        names = [{role: su.show_job(job)["JobName"] for role, job in own.items()} for own in ids]
+        assert names == [{role: f"smoke-{n}-{role}" for role in own} for n, own in enumerate(ids)], names
         for n, own in enumerate(ids):
             cons = su.wait_for_job(own["consolidate"], timeout_s=240)
             assert cons["JobState"] == "COMPLETED", (cons, ph.logs(sweep / str(n)))

@@ -1,0 +1,130 @@
+"""One live chain per run directory, and a finished run is not run again.
+
+Submitting the same command twice used to start a second chain in the same run
+directory: both trained into one ``checkpoints/``, one crashed on the other's
+``step-N.tmp``, and ``metrics.jsonl`` interleaved them. After a chain finished,
+the same command trained 0 steps and then failed its consolidation on the
+existing ``hf_model``. So before anything is submitted (and, for the CLI, before
+planning rewrites the run directory: :func:`live_chain_problem` needs only the
+directory):
+
+- a job of ``jobs.txt`` that Slurm still lists as pending, running or requeued
+  refuses (exit 2), naming each job, its state and reason, and how to follow
+  (``status``) or cancel it (``scancel``);
+- a run trained to ``train.max_steps`` whose model is written is complete:
+  :func:`finished_message` says where the model is; nothing is submitted (exit 0);
+- a model written by an earlier, shorter run must be moved aside before the run is
+  continued (a larger ``train.max_steps``): :func:`finished_message` refuses, exit 2.
+
+``submit.sh`` renders the same rules in shell (:func:`fsdp_workflow.plan.render.chain_guard_lines`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.plan.render import TERMINAL_STATES
+
+SQUEUE_TIMEOUT_S = 30
+
+
+class SlurmUnreachable(RuntimeError):
+    """squeue did not answer: whether a chain is live cannot be told."""
+
+
+def live_jobs(layout: RunDir) -> List[Tuple[str, str, str, str]]:
+    """``(role, job id, state, reason)`` of every job of ``jobs.txt`` Slurm still lists as not ended.
+
+    Raises:
+        SlurmUnreachable: squeue is missing or failed for another reason than unknown ids.
+    """
+    submitted = layout.submitted_jobs()
+    if not submitted:
+        return []
+    roles = {job_id: role for role, job_id in submitted}
+    argv = ["squeue", "-h", "-j", ",".join(roles), "-o", "%i|%T|%r"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SlurmUnreachable(f"squeue: {err}") from err
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        if "Invalid job id" in msg:  # every id is forgotten: nothing is live
+            return []
+        raise SlurmUnreachable(f"squeue failed: {msg or proc.returncode}")
+    out = []
+    for line in proc.stdout.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) >= 2 and cols[0] in roles and cols[1] not in TERMINAL_STATES:
+            out.append((roles[cols[0]], cols[0], cols[1], cols[2] if len(cols) > 2 else ""))
+    return out
+
+
+def live_chain_problem(run_dir: Path) -> Optional[str]:
+    """Why ``run_dir`` must not be planned or submitted again now: a live chain, or Slurm unreachable.
+
+    Call before planning rewrites the run directory (its scripts, config and code
+    snapshot are what the queued jobs will run).
+
+    Args:
+        run_dir: the run directory (holding ``jobs.txt`` once submitted).
+
+    Returns:
+        None when no job of ``jobs.txt`` is pending or running; else the message to print (exit 2).
+    """
+    layout = RunDir.recorded(run_dir)
+    try:
+        live = live_jobs(layout)
+    except SlurmUnreachable as err:
+        return (f"{layout.jobs} lists jobs, and Slurm cannot be asked whether they still run ({err}); "
+                "nothing was planned or submitted. Retry where squeue answers.")
+    if not live:
+        return None
+    jobs = "\n".join(f"  {role} job {job_id}: {state}" + (f" ({reason})" if reason and reason != "None" else "")
+                     for role, job_id, state, reason in live)
+    return (f"a chain of this run directory ({layout.root}) is still in the queue; nothing was planned or "
+            f"submitted:\n{jobs}\n"
+            f"follow it:  {shlex.join(['python', '-m', 'fsdp_workflow.status', str(layout.root)])}\n"
+            f"or cancel it, then submit again:  {shlex.join(['scancel', *[j[1] for j in live]])}")
+
+
+def _last_step(layout: RunDir) -> Optional[int]:
+    """The newest complete checkpoint's step (``submit.sh`` counts every ``step-N`` directory)."""
+    found = layout.list_checkpoints()
+    return found[-1][0] if found else None
+
+
+def finished_message(layout: RunDir, max_steps: int, consolidates: bool) -> Tuple[Optional[str], int]:
+    """Whether the run in ``layout`` is already done, or its old model would fail a continuation.
+
+    Args:
+        layout: the run directory's layout.
+        max_steps: ``train.max_steps`` of the config about to run.
+        consolidates: whether the chain ends with a consolidation job.
+
+    Returns:
+        ``(None, 0)`` to submit; ``(message, 0)`` for a complete run (nothing to submit);
+        ``(message, 2)`` for a model of an earlier, shorter run that must be moved first.
+    """
+    last = _last_step(layout)
+    model = layout.hf_model
+    if consolidates and model.is_dir():
+        if last is None or last >= max_steps:
+            return (f"this run is complete (trained to step {last if last is not None else '?'} of "
+                    f"train.max_steps={max_steps}); the model is in {model}. Nothing submitted. To train further, "
+                    "plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest "
+                    "checkpoint)."), 0
+        aside = shlex.join(["mv", str(model), f"{model}.step-{last}"])
+        return (f"{model} holds the model of an earlier, shorter run (step {last} of train.max_steps={max_steps}); "
+                f"the consolidation never overwrites it. Move it aside first: {aside}; nothing submitted."), 2
+    if not consolidates and last is not None and last >= max_steps:
+        return (f"this run is complete (trained to step {last} of train.max_steps={max_steps}; checkpoints in "
+                f"{layout.checkpoints}). Nothing submitted."), 0
+    return None, 0
+
+
+__all__ = ["SlurmUnreachable", "finished_message", "live_chain_problem", "live_jobs"]
