@@ -94,12 +94,15 @@ def test_a_full_disk_refuses_the_snapshot_with_the_space_needed_and_freeing_it_w
     _tiny_fs(fs, "4m")
     try:
         run_dir = fs / "run"
+        argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
+                f"run_dir={run_dir}", "dry_run=true", "data=synthetic"]
+        first = subprocess.run(argv, capture_output=True, text=True, timeout=120)  # a run of this tool, re-planned
+        assert first.returncode == 0, first.stderr
         old = run_dir / "checkpoints" / "step-10"
         old.mkdir(parents=True)
         free = __import__("shutil").disk_usage(fs).free
         (old / "blob").write_bytes(b"\0" * (free - 300_000))  # leaves about 0.3 MB: less than the code needs
-        argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
-                f"run_dir={run_dir}", "dry_run=true", "data=synthetic"]
+        (run_dir / "submit.sh").unlink()  # so the refused re-plan is seen to write no script
         full = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert full.returncode == 74, full.stdout + full.stderr
         assert "disk full (ENOSPC): the code snapshot needs" in full.stderr and "Traceback" not in full.stderr
