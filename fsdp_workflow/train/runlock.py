@@ -63,5 +63,7 @@ def hold_run_lock(run: RunDir) -> Optional[Lock]:
     if refusal:
         if lock is not None:
             lock.release()
+        if dist.is_initialized():
+            dist.destroy_process_group()  # a group left to interpreter exit aborts the process (SIGABRT)
         raise RunLocked(refusal)
     return lock
