@@ -156,3 +156,20 @@ def test_a_hang_in_a_local_run_exits_76_from_the_cli_with_one_line_and_no_torchr
     assert f"Full log: {run / 'logs' / 'train-local.log'}" in line, line
     assert "ChildFailedError" in (run / "logs" / "train-local.log").read_text()  # kept, out of the way
     assert not (run / "hf_model").exists()
+
+
+@pytest.mark.fs_size(FIRST_SAVE_FITS)
+def test_a_full_disk_in_a_local_run_exits_74_from_the_cli_with_one_line(small_fs: Path) -> None:
+    """The full disk above, through ``python -m fsdp_workflow`` (no code snapshot: the same bytes fit)."""
+    run = small_fs / "run"
+    args = ["cluster=local", "cluster.device=cpu", "cluster.code_snapshot=false", "train.seq_len=64",
+            "train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1", "consolidate.enabled=true"]
+    res = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=small_fs.parent, capture_output=True,
+                         text=True, timeout=240)
+    err = res.stderr
+    assert res.returncode == EXIT_DISK_FULL, err[-4000:]
+    assert "ChildFailedError" not in err and "Traceback" not in err, err[-4000:]
+    (line,) = [l for l in err.splitlines() if "training failed:" in l]
+    assert f"exited with code {EXIT_DISK_FULL}" in line and "No space left on device" in line, line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
+    assert not (run / "hf_model").exists()
