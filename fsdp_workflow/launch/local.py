@@ -203,12 +203,13 @@ def _descendants(pid: int) -> List[int]:
 
 @dataclass
 class TrainRun:
-    """How the training step ended: torchrun's code, the failed rank and its code, a second Ctrl-C."""
+    """How the training step ended: torchrun's code, the failed rank and its code, Ctrl-C once or twice."""
 
     returncode: int
     root_rank: Optional[int]
     root_code: Optional[int]
-    interrupted: bool
+    interrupted: bool  # a second Ctrl-C killed everything
+    ctrl_c: bool  # at least one Ctrl-C reached the launch
 
 
 def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
@@ -267,7 +268,7 @@ def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
             os.close(reader)
             for s, h in old.items():
                 signal.signal(s, h)
-    return TrainRun(rc, filt.root_rank, filt.root_code, state["killed"])
+    return TrainRun(rc, filt.root_rank, filt.root_code, state["killed"], state["sigint"] > 0)
 
 
 # ---------------------------------------------------------------- what the user reads
@@ -387,7 +388,13 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
                         "command with checkpoint.resume=auto run_dir=%s to continue.", layout.root)
             print(f"[fsdp_workflow] resume with: {resume_command(layout.root)}", file=sys.stderr)
             return EXIT_REQUEUE
-        code, line = _failure_line(run, _train_exit(layout, started), log_path)
+        record = _train_exit(layout, started)
+        if run.ctrl_c and record is None:  # stopped before a step could finish and be saved
+            print(f"[fsdp_workflow] interrupted (Ctrl-C) before a checkpoint could be saved (exit "
+                  f"{EXIT_INTERRUPTED}); full log: {log_path}. Resume with: {resume_command(layout.root)}",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        code, line = _failure_line(run, record, log_path)
         log.error("%s", line)
         return code
     if not consolidate or not plan.consolidate_argv:

@@ -82,4 +82,7 @@ def _log_placement() -> None:
 
 
 if __name__ == "__main__":
+    from fsdp_workflow.train.signals import install_early
+
+    install_early()  # a Ctrl-C while torch imports stops after the first step, without a traceback
     sys.exit(main())

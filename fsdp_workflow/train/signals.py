@@ -39,6 +39,35 @@ from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED
 HANDLED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
+_early_signum: Optional[int] = None  # a signal that came before the training loop's flag was installed
+
+
+def _stop_now() -> None:
+    """The user asked twice: no checkpoint, no traceback; one write, as ranks share the terminal."""
+    rank = os.environ.get("RANK", "0")
+    os.write(sys.stderr.fileno(), f"[fsdp_workflow] rank {rank}: interrupted again; stopping at once "
+             "(the last committed checkpoint is kept)\n".encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+def install_early() -> None:
+    """Record SIGUSR2/SIGTERM/SIGINT from the rank's first moment, before torch is even imported.
+
+    A Ctrl-C while the ranks still import and build the model would otherwise be a
+    ``KeyboardInterrupt`` traceback per rank; recorded here, it is handed to the
+    :class:`PreemptionFlag` the loop installs, and the run stops after its first step.
+    """
+    def handle(signum: int, frame: Optional[FrameType]) -> None:
+        global _early_signum
+        if _early_signum is None:
+            _early_signum = signum
+        elif signum == signal.SIGINT:
+            _stop_now()
+
+    for sig in HANDLED:
+        signal.signal(sig, handle)
+
+
 class PreemptionFlag:
     """Records the first of SIGUSR2/SIGTERM/SIGINT received; install once per rank, in the main thread.
 
@@ -50,6 +79,8 @@ class PreemptionFlag:
         self._previous: dict[int, object] = {}
 
     def install(self) -> "PreemptionFlag":
+        if self.signum is None:
+            self.signum = _early_signum
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -63,11 +94,7 @@ class PreemptionFlag:
         if self.signum is None:
             self.signum = signum
         elif signum == signal.SIGINT:
-            # The user asked twice: no checkpoint, no traceback; one write, as ranks share the terminal.
-            rank = os.environ.get("RANK", "0")
-            os.write(sys.stderr.fileno(), f"[fsdp_workflow] rank {rank}: interrupted again; stopping at once "
-                     "(the last committed checkpoint is kept)\n".encode())
-            os._exit(EXIT_INTERRUPTED)
+            _stop_now()
 
     @property
     def requested(self) -> bool:

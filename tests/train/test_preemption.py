@@ -226,3 +226,25 @@ def test_a_second_ctrl_c_stops_at_once_and_leaves_only_committed_checkpoints(tmp
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert len(names) == 1 and names[0].endswith(".tmp"), names
     assert not (run / "train_exit.json").exists() or json.loads((run / "train_exit.json").read_text())["exit_code"] != 0
+
+
+def test_ctrl_c_while_the_ranks_start_stops_after_the_first_step_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C once both ranks are up but still importing and building: the signal is kept, step 1 is
+    trained and saved, exit 75 (not a KeyboardInterrupt traceback per rank)."""
+    run, err = tmp_path / "run", tmp_path / "stderr.txt"
+    proc = start_cli(run, LONG_RUN, stderr_to=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f"rank {r} of 2 " in (err.read_text() if err.exists() else "") for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.05)
+        assert not metrics_steps(run)  # no step trained yet
+        _ctrl_c(proc)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = err.read_text()
+    assert proc.returncode == EXIT_REQUEUE, text[-4000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-4000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
