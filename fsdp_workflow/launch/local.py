@@ -27,40 +27,28 @@ and the log, and exits with the rank's code (65, 74, 75, 76, ...), as on Slurm.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import pty
-import re
 import shlex
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
+from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan
 
 log = logging.getLogger(__name__)
 
 LOCAL_TRAIN_LOG = "train-local.log"  # under RUN_DIR/logs/: torchrun's and the ranks' whole output
-
-# torchrun's own log lines: "W1125 03:54:50.708000 10899 site-packages/torch/distributed/run.py:874] ..."
-_TORCHRUN_LOG = re.compile(r"^\[?[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S*torch/distributed/")
-# The exception that ends torchrun when a rank failed or it was signalled: its traceback repeats that.
-_TORCHRUN_END = re.compile(r"^torch\.distributed\.elastic\.\S*(ChildFailedError|SignalException)\b")
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_ROOT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -86,121 +74,6 @@ def _run(argv: List[str], env: dict) -> int:
             signal.signal(s, h)
 
 
-# ---------------------------------------------------------------- torchrun's output
-class OutputFilter:
-    """Pass the ranks' output to the terminal, keep torchrun's chatter and closing traceback in the log only.
-
-    Line by line: torchrun's log lines (``W1125 ... torch/distributed/...``) are
-    dropped; a traceback is held until its exception line, then shown unless it is
-    torchrun's own ``ChildFailedError``/``SignalException``, after which torchrun
-    prints only its failure summary, read here for the failed rank and exit code.
-    Partial lines with a carriage return (a progress bar) pass at once.
-    """
-
-    def __init__(self, out: IO[bytes]) -> None:
-        self.out = out
-        self.pending = b""
-        self.held: List[bytes] = []
-        self.swallow = False
-        self.in_root_cause = False
-        self.root_rank: Optional[int] = None
-        self.root_code: Optional[int] = None
-
-    def feed(self, data: bytes) -> None:
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            self._line(line + b"\n")
-        if self.pending and b"\r" in self.pending and not self.held and not self.swallow:
-            self._emit(self.pending)
-            self.pending = b""
-
-    def close(self) -> None:
-        if self.pending:
-            self._line(self.pending)
-            self.pending = b""
-        for line in self.held:
-            self._emit(line)
-        self.held = []
-
-    def _emit(self, data: bytes) -> None:
-        try:
-            self.out.write(data)
-            self.out.flush()
-        except OSError:
-            pass  # the terminal went away: the log file still has it all
-
-    def _line(self, line: bytes) -> None:
-        text = line.decode(errors="replace").rstrip("\r\n")
-        if self.swallow:
-            self._root_cause(text)
-            return
-        if _TORCHRUN_LOG.match(text):
-            return
-        if self.held:
-            if text[:1].isspace() or not text:
-                self.held.append(line)
-                return
-            if _TORCHRUN_END.match(text):
-                self.held = []
-                self.swallow = True
-                return
-            for held in self.held:
-                self._emit(held)
-            self.held = []
-        if text.startswith("Traceback (most recent call last)"):
-            self.held.append(line)
-            return
-        self._emit(line)
-
-    def _root_cause(self, text: str) -> None:
-        if text.startswith("Root Cause"):
-            self.in_root_cause = True
-        elif self.in_root_cause:
-            rank, code = _ROOT_RANK.match(text), _ROOT_CODE.match(text)
-            if rank and self.root_rank is None:
-                self.root_rank = int(rank.group(1))
-            if code and self.root_code is None:
-                self.root_code = int(code.group(1))
-
-
-def _output_channel() -> Tuple[int, int]:
-    """(read end, write end) for the ranks' output: a pty when our stderr is a terminal, so the
-    ranks still draw their progress bar and size it to the window; a pipe otherwise."""
-    if not os.isatty(sys.stderr.fileno()):
-        return os.pipe()
-    reader, writer = pty.openpty()
-    attrs = termios.tcgetattr(writer)
-    attrs[1] &= ~termios.ONLCR  # no "\r\n" for "\n": the bytes pass through unchanged
-    termios.tcsetattr(writer, termios.TCSANOW, attrs)
-    try:
-        size = fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
-        fcntl.ioctl(writer, termios.TIOCSWINSZ, size)
-    except OSError:
-        pass
-    return reader, writer
-
-
-def _descendants(pid: int) -> List[int]:
-    """Every process below ``pid`` (torchrun and its ranks, which sit in sessions of their own)."""
-    children: dict = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 @dataclass
 class TrainRun:
     """How the training step ended: torchrun's code, the failed rank and its code, Ctrl-C once or twice."""
@@ -218,7 +91,7 @@ def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
     The first SIGINT/SIGTERM/SIGUSR2 goes to torchrun's group (it forwards it to
     the ranks, which checkpoint); a second SIGINT kills torchrun and every rank at once.
     """
-    reader, writer = _output_channel()
+    reader, writer = output_channel()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer,
@@ -234,7 +107,7 @@ def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
                              b"saves a checkpoint; press Ctrl-C again to stop at once (the last committed "
                              b"checkpoint is kept)\n")
                 else:
-                    victims = [*_descendants(proc.pid), proc.pid]  # all, before any is reparented
+                    victims = [*descendants(proc.pid), proc.pid]  # all, before any is reparented
                     state["killed"] = True
                     for pid in victims:
                         try:

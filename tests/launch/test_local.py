@@ -155,3 +155,55 @@ def test_a_trainer_started_by_hand_on_a_locked_run_dir_is_refused(tmp_path: Path
     assert "exitcode  : 2" in log, log[-3000:]
     # Nothing written into the run: no metrics, no checkpoint, no heartbeat, no exit record.
     assert sorted(p.name for p in run.iterdir()) == sorted([*before, ".lock", "train.log"])
+
+
+# ---------------------------------------------------------------- torchrun's output (issue 24, item 8)
+RANK_TRACEBACK = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/x/fsdp_workflow/train/loop.py", line 10, in main
+    raise ValueError("the rank's own error")
+ValueError: the rank's own error
+"""
+TORCHRUN_END = """W1125 03:54:51.240000 10899 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 11111 closing signal SIGTERM
+E1125 03:54:51.244000 10899 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 65) local_rank: 0 (pid: 11110) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+             ^^^^^^
+  File "/usr/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+fsdp_workflow.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11111)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_03:54:51
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 65 (pid: 11110)
+============================================================
+"""
+
+
+def test_output_filter_keeps_the_ranks_lines_and_drops_torchruns_traceback() -> None:
+    import io
+
+    from fsdp_workflow.launch.torchrun_io import OutputFilter
+
+    out = io.BytesIO()
+    filt = OutputFilter(out)
+    text = "rank 0: training stopped at step 3\n" + RANK_TRACEBACK + "\rtrain:  10%|#   | 3/30\n" + TORCHRUN_END
+    for i in range(0, len(text), 7):  # in arbitrary pieces, as a pipe delivers them
+        filt.feed(text[i:i + 7].encode())
+    filt.close()
+    shown = out.getvalue().decode()
+    assert "rank 0: training stopped at step 3\n" in shown and RANK_TRACEBACK in shown, shown
+    assert "3/30" in shown  # the progress bar's partial line passes
+    assert "ChildFailedError" not in shown and "torch/distributed" not in shown and "Root Cause" not in shown, shown
+    assert (filt.root_rank, filt.root_code) == (1, 65)
