@@ -24,7 +24,12 @@ class PlotUnavailable(RuntimeError):
 
 @dataclass
 class Series:
-    """One value per optimizer step (the last line of a step redone after a resume wins).
+    """One value per optimizer step.
+
+    The trainer keeps each step once in ``metrics.jsonl``: a run starting at step N
+    first drops the lines past N (``fsdp_workflow.train.metrics.keep_steps_up_to``).
+    Should a file still hold a step twice (written by an older version), the last
+    line wins here, which is the same answer: the redone step.
 
     ``times`` are the wall-clock seconds at which each step was logged (``time``), so the
     pace includes checkpoint saves and evaluations, which ``step_time_s`` leaves out.
@@ -63,7 +68,11 @@ _CACHE: Dict[Tuple[str, int, int], Series] = {}
 
 
 def read_series(path: Path) -> Series:
-    """The curves of ``metrics.jsonl`` (empty when the file is missing; broken lines are skipped and listed in ``problems``).
+    """The curves of ``metrics.jsonl``, one point per step (empty when the file is missing).
+
+    Broken lines are skipped and listed in ``problems``. Every reader of the curves
+    (``status``, ``status --plot``, the model card) goes through here, so they all
+    follow the one rule of :class:`Series`.
 
     Cached on (path, size, mtime): ``status`` reads it for the ETA and again for the curves.
     """

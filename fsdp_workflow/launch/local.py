@@ -4,31 +4,51 @@ The same ``train_node.sh`` that Slurm runs on each node runs here, with the
 rendezvous on 127.0.0.1 and a free port, so a local smoke run exercises the
 exact launch a cluster job would.
 
-Signals: SIGUSR2, SIGTERM or SIGINT sent to ``python -m fsdp_workflow`` go to
-the process group of ``train_node.sh``, which has become torchrun (``exec``).
-torchrun starts every rank in a session of its own and re-sends the signal to
-each (``train_node.sh`` exports ``PET_SIGNALS_TO_HANDLE``); on SIGUSR2/SIGTERM
-the ranks checkpoint and rank 0 writes ``RUN_DIR/.requeue``. The command then
-exits 75 and prints how to resume.
+One run per run directory: :func:`run_local` holds ``RUN_DIR/.lock``
+(:mod:`fsdp_workflow.core.lock`) from data preparation to consolidation; a second
+command on the same directory is refused at once, naming the holder. Rank 0 sees
+the launcher, its ancestor, holding it and trains under it (:mod:`fsdp_workflow.train.runlock`).
+
+Signals: SIGUSR2, SIGTERM or SIGINT (Ctrl-C) sent to ``python -m fsdp_workflow``
+go to the process group of ``train_node.sh``, which has become torchrun
+(``exec``). torchrun starts every rank in a session of its own and re-sends the
+signal to each (``train_node.sh`` exports ``PET_SIGNALS_TO_HANDLE``); the ranks
+finish their step, checkpoint, and rank 0 writes ``RUN_DIR/.requeue``. The
+command then exits 75 and prints the command that resumes. A second Ctrl-C kills
+the launch at once (exit 130): a save it cuts short stays ``step-N.tmp``, never
+taken for a checkpoint, so the last committed checkpoint is what resumes.
+
+Output: everything torchrun and the ranks print goes to ``RUN_DIR/logs/train-local.log``;
+the terminal gets the same minus torchrun's own chatter and its ``ChildFailedError``
+traceback, which only repeats that a rank failed. In its place the launcher prints
+one line naming the failed rank, its exit code and reason (``train_exit.json``),
+and the log, and exits with the rank's code (65, 74, 75, 76, ...), as on Slurm.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
-from typing import List, Optional
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
 
-from fsdp_workflow.core.exit_codes import EXIT_REQUEUE
-from fsdp_workflow.core.lock import Lock
-from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT
+from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, MEANINGS
+from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
+from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
+from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan
 
 log = logging.getLogger(__name__)
 
+LOCAL_TRAIN_LOG = "train-local.log"  # under RUN_DIR/logs/: torchrun's and the ranks' whole output
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -37,11 +57,7 @@ def free_port() -> int:
 
 
 def _run(argv: List[str], env: dict) -> int:
-    """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it.
-
-    The group is the launcher only: torchrun's ranks live in sessions of their own
-    and get the signal from torchrun.
-    """
+    """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it."""
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def forward(signum, _frame):
@@ -56,6 +72,141 @@ def _run(argv: List[str], env: dict) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@dataclass
+class TrainRun:
+    """How the training step ended: torchrun's code, the failed rank and its code, Ctrl-C once or twice."""
+
+    returncode: int
+    root_rank: Optional[int]
+    root_code: Optional[int]
+    interrupted: bool  # a second Ctrl-C killed everything
+    ctrl_c: bool  # at least one Ctrl-C reached the launch
+
+
+def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
+    """Run the node script with its output filtered to the terminal and kept whole in ``log_path``.
+
+    The first SIGINT/SIGTERM/SIGUSR2 goes to torchrun's group (it forwards it to
+    the ranks, which checkpoint); a second SIGINT kills torchrun and every rank at once.
+    """
+    reader, writer = output_channel()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer,
+                                start_new_session=True)
+        os.close(writer)
+        state = {"sigint": 0, "killed": False}
+
+        def on_signal(signum, _frame):
+            if signum == signal.SIGINT:
+                state["sigint"] += 1
+                if state["sigint"] == 1:
+                    os.write(sys.stderr.fileno(), b"\n[fsdp_workflow] Ctrl-C: every rank finishes its step and "
+                             b"saves a checkpoint; press Ctrl-C again to stop at once (the last committed "
+                             b"checkpoint is kept)\n")
+                else:
+                    victims = [*descendants(proc.pid), proc.pid]  # all, before any is reparented
+                    state["killed"] = True
+                    for pid in victims:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    return
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+        filt = OutputFilter(sys.stderr.buffer)
+        try:
+            while True:
+                try:
+                    data = os.read(reader, 65536)
+                except OSError:  # EIO: the pty's last writer is gone
+                    data = b""
+                if not data:
+                    break
+                log_file.write(data)
+                log_file.flush()
+                if not state["killed"]:
+                    filt.feed(data)
+            if not state["killed"]:
+                filt.close()
+            rc = proc.wait()
+        finally:
+            os.close(reader)
+            for s, h in old.items():
+                signal.signal(s, h)
+    return TrainRun(rc, filt.root_rank, filt.root_code, state["killed"], state["sigint"] > 0)
+
+
+# ---------------------------------------------------------------- what the user reads
+def resume_command(root: Path) -> str:
+    """The command that resumes this run, pasteable into a shell (every word quoted).
+
+    The command line that started this process, with ``run_dir`` made absolute and
+    ``checkpoint.resume=auto``; outside the CLI, the bare command for the run directory.
+    """
+    args: List[str] = []
+    if Path(sys.argv[0]).parent.name == "fsdp_workflow" or Path(sys.argv[0]).name == "fsdp-workflow":
+        args = [a for a in sys.argv[1:] if not a.startswith(("run_dir=", "hydra.run.dir=", "checkpoint.resume="))]
+    return shlex.join(["python", "-m", "fsdp_workflow", *args, f"run_dir={root}", "checkpoint.resume=auto"])
+
+
+def _train_exit(layout: RunDir, since: float) -> Optional[dict]:
+    """The trainer's ``train_exit.json`` when this launch wrote it (None: none, older, or unreadable)."""
+    try:
+        if layout.train_exit.stat().st_mtime < since - 1:
+            return None
+        data = json.loads(layout.train_exit.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _failure_line(run: TrainRun, record: Optional[dict], log_path: Path) -> Tuple[int, str]:
+    """The command's exit code (the rank's, as on Slurm) and the one line that explains it."""
+    code = run.returncode
+    if run.root_code is not None and run.root_code > 0:
+        code = run.root_code
+    if record and isinstance(record.get("exit_code"), int) and record["exit_code"] > 0:
+        code = record["exit_code"]
+    who = f"rank {run.root_rank}" if run.root_rank is not None else "a rank"
+    reason = f": {record['reason']}" if record and record.get("reason") else ""
+    meaning = MEANINGS.get(code, "failed")
+    return code, (f"[fsdp_workflow] training failed: {who} exited with code {code} ({meaning}){reason}. "
+                  f"Full log: {log_path}; consolidation skipped.")
+
+
+def run_local(plan: LaunchPlan, consolidate: bool, lock: Optional[Lock] = None) -> int:
+    """Train, then consolidate, holding the run directory's lock throughout.
+
+    Args:
+        plan: the written plan.
+        consolidate: run the consolidation after training (``consolidate.enabled``).
+        lock: the run's lock, already held by the caller (the CLI takes it before
+            planning); None to take it here.
+
+    Returns:
+        The exit code for the CLI: 0, the failed rank's code (65, 74, 75, 76, ...),
+        2 when another process holds the run directory, 130 after a second Ctrl-C.
+    """
+    held = lock
+    if held is None:
+        try:
+            held = acquire(plan.layout.lock, "training (local launcher)", subject=f"run directory {plan.layout.root}")
+        except (LockHeld, LockUnsupported) as err:
+            log.error("[fsdp_workflow] refused: %s", err)
+            return EXIT_USAGE
+    try:
+        return _run_locked(plan, consolidate)
+    finally:
+        if lock is None:
+            held.release()
 
 
 def _as_if_activated(env: dict) -> dict:
@@ -76,8 +227,8 @@ def _this_python(argv: List[str]) -> List[str]:
     return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
 
 
-def run_local(plan: LaunchPlan, consolidate: bool, lock: Optional[Lock] = None) -> int:
-    """Train, then consolidate. Returns the exit code for the CLI."""
+def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
+    """:func:`run_local` once the lock is held."""
     layout = plan.layout
     env = _as_if_activated(dict(os.environ))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -94,15 +245,31 @@ def run_local(plan: LaunchPlan, consolidate: bool, lock: Optional[Lock] = None) 
         if rc != 0:
             log.error("[fsdp_workflow] data preparation failed (exit code %s); nothing was trained.", rc)
             return rc
-    log.info("[fsdp_workflow] training: %s, metrics in %s", layout.logs, layout.metrics)
-    rc = _run(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env)
-    if rc != 0:
+    log_path = layout.logs / LOCAL_TRAIN_LOG
+    log.info("[fsdp_workflow] training: log %s, metrics in %s", log_path, layout.metrics)
+    started = time.time()
+    run = _run_training(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env, log_path)
+    if run.interrupted:
+        latest = layout.latest_checkpoint()
+        kept = str(latest[1]) if latest else "none yet"
+        print(f"[fsdp_workflow] stopped at once on a second Ctrl-C (exit {EXIT_INTERRUPTED}); last committed "
+              f"checkpoint: {kept}. Resume with: {resume_command(layout.root)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if run.returncode != 0:
         if layout.requeue_marker.exists():
             log.warning("[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
                         "command with checkpoint.resume=auto run_dir=%s to continue.", layout.root)
+            print(f"[fsdp_workflow] resume with: {resume_command(layout.root)}", file=sys.stderr)
             return EXIT_REQUEUE
-        log.error("[fsdp_workflow] training failed (exit code %s); consolidation skipped.", rc)
-        return rc
+        record = _train_exit(layout, started)
+        if run.ctrl_c and record is None:  # stopped before a step could finish and be saved
+            print(f"[fsdp_workflow] interrupted (Ctrl-C) before a checkpoint could be saved (exit "
+                  f"{EXIT_INTERRUPTED}); full log: {log_path}. Resume with: {resume_command(layout.root)}",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        code, line = _failure_line(run, record, log_path)
+        log.error("%s", line)
+        return code
     if not consolidate or not plan.consolidate_argv:
         log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
         return 0

@@ -27,6 +27,7 @@ from fsdp_workflow.core.rundir import (
     REQUEUE_MARKER,
     STEP_PREFIX,
     SUBMIT_SCRIPT,
+    TRAIN_EXIT_FILE,
     TRAIN_NODE_SCRIPT,
     TRAIN_SBATCH,
 )
@@ -254,8 +255,15 @@ def requeue_lines() -> List[str]:
     never kill the process that decides.
     """
     marker = _in_run_dir(REQUEUE_MARKER)
+    record = _in_run_dir(TRAIN_EXIT_FILE)
     return [
         "rc=$?",
+        "# srun reports any failed rank as 1: take the trainer's own code (65, 74, 75, 76) from the",
+        "# train_exit.json this run wrote, so the job's exit code says why it failed.",
+        f'if [ "$rc" -ne 0 ] && [ -f {record} ] && [ "$(stat -c %Y {record})" -ge "$STARTED" ]; then',
+        f"  code=$(sed -n 's/.*\"exit_code\": *\\([0-9][0-9]*\\).*/\\1/p' {record} | head -n 1)",
+        '  if [ -n "$code" ] && [ "$code" -ne 0 ]; then rc=$code; fi',
+        "fi",
         f'if [ "$rc" -ne 0 ] && [ -f {marker} ]; then',
         '  if [ "${SLURM_RESTART_COUNT:-0}" -lt "$MAX_REQUEUES" ]; then',
         '    echo "[fsdp_workflow] checkpoint saved on a signal: requeueing job $SLURM_JOB_ID" >&2',
@@ -325,6 +333,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         *rendezvous_lines(plan),
         'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
         '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
+        "STARTED=$(date +%s)",
         shell_join(job.step_argv),
         *requeue_lines(),
         "",

@@ -5,9 +5,11 @@ Run on every rank, with ``RUN_DIR/launch.env`` exported::
     set -a; . RUN_DIR/launch.env; set +a
     torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
 
-Exit codes: 0 done, 2 bad config (message printed), 74 disk full during a save,
-75 preempted after a checkpoint (requeue), 76 a collective timed out (a rank
-stopped answering; the message names it), 1 unexpected error.
+Exit codes: 0 done, 2 bad config or the run directory in use by another process
+(message printed, nothing written), 65 the loss or gradient norm became NaN/inf
+(nothing saved from that step), 74 disk full during a save, 75 preempted or
+Ctrl-C after a checkpoint (requeue), 76 a collective timed out (a rank stopped
+answering; the message names it), 1 unexpected error.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_workflow.train.loop import main as train
     from fsdp_workflow.train.optim import OptimizerError
     from fsdp_workflow.train.parallel import StrategyError
+    from fsdp_workflow.train.runlock import RunLocked
 
     setup_logging(recorded_log_level(args[0]))
     _log_placement()
@@ -42,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("code: %s", Path(fsdp_workflow.__file__).resolve().parent)
     try:
         code = train(args[0])
+    except RunLocked as e:  # one line on every rank, nothing written into the run
+        log.error("fsdp_workflow.train [rank %s]: %s", os.environ.get("RANK", "0"), e)
+        return EXIT_USAGE
     except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
         rank = os.environ.get("RANK", "0")
         report_user_error(log, f"fsdp_workflow.train [rank {rank}]: error: {e}", e)
@@ -76,4 +82,7 @@ def _log_placement() -> None:
 
 
 if __name__ == "__main__":
+    from fsdp_workflow.train.signals import install_early
+
+    install_early()  # a Ctrl-C while torch imports stops after the first step, without a traceback
     sys.exit(main())

@@ -18,10 +18,13 @@ one all-reduce carrying the loss and the preemption flag, metrics, maybe evaluat
 checkpoint rank 0 runs ``RUN_DIR/post_checkpoint.sh STEP`` if the planner wrote
 one (:mod:`.hooks`).
 
-Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config, 74 disk
-full during a save (the previous checkpoint is intact), 75 preempted (a checkpoint
-of the current step was saved; requeue), 76 a collective timed out (the message
-names the rank and host that stopped answering, from :mod:`.heartbeat`), 1 anything else.
+Exit codes (:mod:`fsdp_workflow.core.exit_codes`): 0 done, 2 bad config or the
+run directory in use by another trainer (:mod:`.runlock`), 65 the loss or the
+gradient norm became NaN/inf (nothing is saved from that step; the last good
+checkpoint stays the newest), 74 disk full during a save (the previous
+checkpoint is intact), 75 preempted or Ctrl-C (a checkpoint of the current step
+was saved; requeue), 76 a collective timed out (the message names the rank and
+host that stopped answering, from :mod:`.heartbeat`), 1 anything else.
 Rank 0 also writes ``RUN_DIR/train_exit.json`` with the code, the reason and the
 last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
 """
@@ -29,6 +32,7 @@ last checkpoint, because ``torchrun`` reports any non-zero worker exit as 1.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, ModelInit, WorkflowConfig
-from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
+from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
@@ -57,6 +61,7 @@ from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sour
 from fsdp_workflow.train.mesh import MeshDims, TrainMesh
 from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
+from fsdp_workflow.train.runlock import hold_run_lock
 from fsdp_workflow.train.signals import PreemptionFlag
 from fsdp_workflow.train.ema import EmaState
 from fsdp_workflow.train.state import StepRng, after_optimizer_step, trainer_parts
@@ -244,6 +249,8 @@ def main(run_dir_arg: str) -> int:
     setup_logging(cfg.log_level.value)
     strategy = parallel.requested_strategy()
     parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
+    init_distributed(cfg)
+    run_lock = hold_run_lock(run)  # before anything is written into the run; released when this process ends
     ranks = Ranks.start(cfg, run)
     beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
     try:
@@ -254,11 +261,12 @@ def main(run_dir_arg: str) -> int:
         outcome = failed_outcome(exc, run, cfg, ranks, beat, started)
     finally:
         beat.stop()
-    if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE) and dist.is_initialized():
+    if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE, EXIT_NONFINITE) and dist.is_initialized():
         # Rank 0 wrote train_exit.json and .requeue first, so no rank exits (and no
         # srun --kill-on-bad-exit fires) before the job script can read them.
         dist.barrier()
         dist.destroy_process_group()
+    del run_lock  # held to here: the kernel frees it at exit in any case
     return outcome.exit_code
 
 
@@ -289,6 +297,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
         checkpointer.load(resume_from, parts)
 
     trackers.start(ranks.accelerator, cfg, run)
+    if ranks.rank == 0:
+        trackers.forget_steps_after(ranks.accelerator, rng.step)  # one record per step after any resume
     log = MetricsLogger(run.metrics, ranks.rank == 0, cfg.train.max_steps, rng.step, cfg.train.log_every_steps,
                         on_record=trackers.metrics_hook(ranks.accelerator))
     if resume_from is not None:
@@ -369,6 +379,17 @@ def train(s: Session, resumed: bool) -> Outcome:
             s.fault.at_step(s.rng.step + 1, s.ranks.rank)
         record, stop = optimizer_step(s)
         step = s.rng.step
+        bad = nonfinite(record)
+        if bad:
+            # Nothing from this state is saved: no checkpoint, no .requeue, no EMA. An
+            # earlier asynchronous save (a good step) is let finish.
+            s.log.log(record)
+            s.checkpointer.wait()
+            value = record["loss" if bad == "loss" else "grad_norm"]
+            kept = f"step-{last_saved} is kept" if last_saved is not None else "none was saved yet"
+            return Outcome(EXIT_NONFINITE, f"stopped: the {bad} became {value} at step {step}, so nothing from "
+                           f"step {step} was saved (the last good checkpoint: {kept}). Lower optimizer.lr or set "
+                           "optimizer.max_grad_norm, then resume with checkpoint.resume=auto", step, last_saved)
         if cfg.train.eval_every_steps and s.held_out is not None and step % cfg.train.eval_every_steps == 0:
             record["eval_loss"] = evaluate(s)
         s.log.log(record)
@@ -435,6 +456,21 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     if device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return record, stats[1].item() > 0
+
+
+def nonfinite(record: Mapping[str, Any]) -> str:
+    """Which of the step's loss and gradient norm is NaN/inf ("loss", "grad norm"), or "" when both are finite.
+
+    Both values were already reduced over all ranks for the metrics line (the loss
+    by the step's one all-reduce, the norm by clipping), so every rank takes the
+    same decision at the same step with no collective and no device sync added.
+    """
+    if not math.isfinite(record["loss"]):
+        return "loss"
+    norm = record.get("grad_norm")
+    if norm is not None and not math.isfinite(norm):
+        return "grad norm"
+    return ""
 
 
 def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:

@@ -3,9 +3,12 @@
 Each optimizer step appends one JSON line with at least ``step``, ``loss``,
 ``lr``, ``tokens_per_s`` and ``mfu`` (model FLOPs utilisation, a fraction of
 ``peak_tflops``, which is also written so the denominator is never a guess).
-A resumed run appends to the same file; a step that was redone after a crash
-appears twice, and readers take its last line. Each line also goes to the
-``on_record`` callback (the trackers of ``train.report_to``: :mod:`.trackers`).
+Each step is recorded once, whatever the crashes and resumes: a run that starts
+at step N (resumed from ``step-N``, or 0 for a fresh start) first rewrites the
+file atomically to the lines of steps up to N (:func:`keep_steps_up_to`), then
+appends. The steps a killed run logged past its last checkpoint are redone, and
+only the redone lines remain. Each line also goes to the ``on_record`` callback
+(the trackers of ``train.report_to``: :mod:`.trackers`).
 
 Progress: on a terminal, a bar with a ``step N/M`` line logged every
 ``train.log_every_steps``; in a log file (a Slurm job), only those lines.
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from fsdp_workflow.core.logs import close_bar, progress_bar
+from fsdp_workflow.core.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ class MetricsLogger:
         self._bar: Any = None
         self._fh: Any = None
         if enabled:
+            keep_steps_up_to(self.path, initial_step)
             self._fh = open(self.path, "a", encoding="utf-8")
             self._bar = progress_bar(total_steps, initial_step, desc="train")  # None when not a terminal
 
@@ -101,6 +106,35 @@ class MetricsLogger:
         if self.enabled:
             close_bar(self._bar)
             self._fh.close()
+
+
+def keep_steps_up_to(path: Path, step: int) -> int:
+    """Rewrite ``path`` (atomically) to its lines of steps ``<= step``; return how many lines were dropped.
+
+    Lines past ``step`` were logged by an attempt that died after its last
+    checkpoint; the resumed run logs those steps again. A torn line (a kill in
+    the middle of a write) is dropped too. Nothing is rewritten when nothing
+    would be dropped.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        s = rec.get("step") if isinstance(rec, dict) else None
+        if isinstance(s, int) and not isinstance(s, bool) and s <= step:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if dropped:
+        atomic_write_text(Path(path), "".join(f"{line}\n" for line in kept))
+        log.info("metrics.jsonl: dropped %d line(s) past step %d, logged before the run was resumed from it",
+                 dropped, step)
+    return dropped
 
 
 def progress_line(record: Mapping[str, Any], total_steps: int) -> str:

@@ -15,6 +15,15 @@ main process only, so rank 0 alone writes. Every tracker keeps its files under
   (``wandb sync`` uploads later);
 - ``trackio``: ``TRACKIO_DIR`` defaults to ``trackers/trackio/``.
 
+A step is recorded once after any resume (the rule of :mod:`.metrics`): a run
+starting at step N tells TensorBoard to purge the events past N
+(:func:`forget_steps_after`, what ``SummaryWriter(purge_step=N + 1)`` writes),
+so the steps redone after a crash replace the ones logged before it. MLflow
+keeps every value logged at a step, so a step redone after a crash shows two
+points at that step in its history (its "latest" value is the redone one); W&B
+refuses a step lower than one it has seen and drops the redone points with a
+warning. ``metrics.jsonl`` is the record that holds each step exactly once.
+
 The MLflow and W&B run ids are kept in ``trackers/run_ids.json``: a resumed job
 and the per-checkpoint evaluation jobs (:func:`log_checkpoint_eval`) log to the
 same run. A tracker whose package is missing at run time (planning warned of it
@@ -187,6 +196,22 @@ def metrics_hook(accelerator: Any) -> Optional[Callable[[Mapping[str, Any]], Non
     def on_record(record: Mapping[str, Any]) -> None:
         accelerator.log(metrics_values(record), step=int(record["step"]))
     return on_record
+
+
+def forget_steps_after(accelerator: Any, step: int) -> None:
+    """Rank 0: make TensorBoard discard events logged past ``step`` by an earlier attempt of this run.
+
+    The events ``SummaryWriter(purge_step=step + 1)`` would write at start-up; the
+    writer exists before the checkpoint's step is known, so they are written here.
+    """
+    for tracker in accelerator.trackers:
+        if tracker.name != "tensorboard":
+            continue
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        writer = tracker.writer._get_file_writer()  # SummaryWriter's own FileWriter
+        writer.add_event(Event(step=step + 1, file_version="brain.Event:2"))
+        writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
 
 
 def finish(accelerator: Any) -> None:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,5 +70,140 @@ def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, 
     failing = _bin(tmp_path, "torchrun", "#!/bin/sh\necho 'torchrun: worker failed' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{failing}:{os.environ['PATH']}")
     assert run_local(plan, consolidate=False) == 1
-    assert "training failed (exit code 1)" in caplog.text
+    assert "training failed: a rank exited with code 1" in caplog.text
     assert not (plan.run_dir / REQUEUE_MARKER).exists()
+
+
+# ---------------------------------------------------------------- one run per run directory (issue 24, item 4)
+HOLD = """import sys, time
+from fsdp_workflow.core.lock import acquire
+lock = acquire(sys.argv[1], "someone else's trainer")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(lock_path: Path) -> subprocess.Popen:
+    """An unrelated process (not an ancestor of the trainer) that holds ``lock_path``."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_run_local_refuses_a_run_dir_locked_by_another_process(tmp_path: Path, monkeypatch, caplog) -> None:
+    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    ran = tmp_path / "ran"
+    fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    holder = _holder(plan.layout.lock)
+    try:
+        assert run_local(plan, consolidate=False) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"pid {holder.pid}" in caplog.text and "someone else's trainer" in caplog.text, caplog.text
+    assert not ran.exists()  # nothing started
+    assert run_local(plan, consolidate=False) == 0 and ran.exists()  # freed by the kernel when it died
+
+
+@pytest.mark.slow
+def test_two_local_runs_on_one_run_dir_the_second_is_refused_the_first_finishes(tmp_path: Path) -> None:
+    from tests.train.runner import kill_tree, log_text, metrics_steps, start_cli, wait_for_step, cli_argv, _process_env
+
+    run = tmp_path / "run"
+    args = ["cluster=local", "cluster.device=cpu", "train.seq_len=64", "train.max_steps=12",
+            "checkpoint.every_steps=0", "consolidate.enabled=false"]
+    first = start_cli(run, args)
+    try:
+        wait_for_step(run, 1, first)
+        t0 = time.monotonic()
+        second = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        took = time.monotonic() - t0
+        first.wait(timeout=180)
+    finally:
+        if first.poll() is None:
+            kill_tree(first)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert f"pid {first.pid}" in second.stderr and f"host {socket.gethostname()}" in second.stderr, second.stderr
+    assert took < 60, took
+    assert first.returncode == 0, log_text(run)[-3000:]
+    assert metrics_steps(run) == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_trainer_started_by_hand_on_a_locked_run_dir_is_refused(tmp_path: Path) -> None:
+    """Rank 0 run directly (no torchrun), and a 2-rank torchrun: both stop with one line, writing nothing."""
+    from tests.train.runner import launch, launch_env, log_text, make_run_dir
+
+    run = make_run_dir(tmp_path / "run", ["train.max_steps=2"])
+    before = sorted(p.name for p in run.iterdir())
+    holder = _holder(run / ".lock")
+    try:
+        direct = subprocess.run([sys.executable, "-m", "fsdp_workflow.train", str(run)], env=launch_env(run),
+                                capture_output=True, text=True, timeout=120)
+        both = launch(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert direct.returncode == 2, direct.stderr[-3000:]
+    line = next(l for l in direct.stderr.splitlines() if "is in use by" in l)
+    assert f"pid {holder.pid}" in line and "someone else's trainer" in line, direct.stderr
+    assert "Traceback" not in direct.stderr
+    log = log_text(run)
+    assert both.returncode != 0 and log.count("is in use by someone else's trainer") == 2, log[-3000:]
+    assert "exitcode  : 2" in log, log[-3000:]
+    # Nothing written into the run: no metrics, no checkpoint, no heartbeat, no exit record.
+    assert sorted(p.name for p in run.iterdir()) == sorted([*before, ".lock", "train.log"])
+
+
+# ---------------------------------------------------------------- torchrun's output (issue 24, item 8)
+RANK_TRACEBACK = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/x/fsdp_workflow/train/loop.py", line 10, in main
+    raise ValueError("the rank's own error")
+ValueError: the rank's own error
+"""
+TORCHRUN_END = """W1125 03:54:51.240000 10899 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 11111 closing signal SIGTERM
+E1125 03:54:51.244000 10899 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 65) local_rank: 0 (pid: 11110) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+             ^^^^^^
+  File "/usr/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+fsdp_workflow.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11111)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_03:54:51
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 65 (pid: 11110)
+============================================================
+"""
+
+
+def test_output_filter_keeps_the_ranks_lines_and_drops_torchruns_traceback() -> None:
+    import io
+
+    from fsdp_workflow.launch.torchrun_io import OutputFilter
+
+    out = io.BytesIO()
+    filt = OutputFilter(out)
+    text = "rank 0: training stopped at step 3\n" + RANK_TRACEBACK + "\rtrain:  10%|#   | 3/30\n" + TORCHRUN_END
+    for i in range(0, len(text), 7):  # in arbitrary pieces, as a pipe delivers them
+        filt.feed(text[i:i + 7].encode())
+    filt.close()
+    shown = out.getvalue().decode()
+    assert "rank 0: training stopped at step 3\n" in shown and RANK_TRACEBACK in shown, shown
+    assert "3/30" in shown  # the progress bar's partial line passes
+    assert "ChildFailedError" not in shown and "torch/distributed" not in shown and "Root Cause" not in shown, shown
+    assert (filt.root_rank, filt.root_code) == (1, 65)

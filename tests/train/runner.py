@@ -119,16 +119,29 @@ def start_node_script(run_dir: Path, extra_env: Optional[dict[str, str]] = None)
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def start_cli(run_dir: Path, overrides: Sequence[str] = ()) -> subprocess.Popen:
+def cli_argv(run_dir: Path, overrides: Sequence[str] = ()) -> list[str]:
+    """``python -m fsdp_workflow +experiment=smoke run_dir=RUN_DIR OVERRIDES`` with this interpreter."""
+    return [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", f"run_dir={run_dir}", *overrides]
+
+
+def start_cli(run_dir: Path, overrides: Sequence[str] = (), extra_env: Optional[dict[str, str]] = None,
+              stderr_to: Optional[Path] = None) -> subprocess.Popen:
     """``python -m fsdp_workflow run_dir=RUN_DIR OVERRIDES``: the local run, exactly as a user starts it.
 
-    Output goes to ``run_dir/train.log`` (the CLI accepts an existing run dir).
+    Output goes to ``run_dir/train.log`` (the CLI accepts an existing run dir); with
+    ``stderr_to``, stderr goes there instead (what a user's terminal would show).
+    The CLI leads a process group of its own: ``os.killpg(proc.pid, SIGINT)`` is a Ctrl-C.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "train.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", f"run_dir={run_dir}", *overrides],
-                                env=_process_env(), cwd=run_dir.parent,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        err = open(stderr_to, "ab") if stderr_to is not None else None
+        try:
+            return subprocess.Popen(cli_argv(run_dir, overrides), env=_process_env(extra_env), cwd=run_dir.parent,
+                                    stdout=log, stderr=err if err is not None else subprocess.STDOUT,
+                                    start_new_session=True)
+        finally:
+            if err is not None:
+                err.close()
 
 
 def _children() -> dict[int, list[int]]:
@@ -182,14 +195,25 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def metrics_steps(run_dir: Path) -> list[int]:
+    """The ``step`` of every line of metrics.jsonl, in file order (a torn last line is skipped)."""
+    out = []
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue
+    return out
+
+
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     """Block until metrics.jsonl reports ``step`` (fails if the run ends or time runs out)."""
     import time
 
     deadline = time.monotonic() + timeout_s
-    path = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
-        if path.exists() and any(json.loads(l).get("step", 0) >= step for l in path.read_text().splitlines() if l.strip()):
+        if any(s >= step for s in metrics_steps(run_dir)):
             return
         if proc.poll() is not None:
             raise AssertionError(f"trainer ended (rc {proc.returncode}) before step {step}:\n{log_text(run_dir)}")

@@ -23,7 +23,9 @@ from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_PEER_TIMEOUT
 from fsdp_workflow.core.rundir import DCP_METADATA
 from fsdp_workflow.train.fault_hooks import FAULT_ENV
 from tests.train.conftest import copy_run
-from tests.train.runner import alive, descendants, launch, log_text, losses, make_run_dir, start
+from tests.train.runner import (
+    _process_env, alive, cli_argv, descendants, launch, log_text, losses, make_run_dir, start,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +138,38 @@ def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_n
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-15.corrupt", "step-20", "step-20.corrupt"]
     ref, got = losses(straight_run), losses(run)
     assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
+
+
+# ---------------------------------------------------------------- the local route keeps the rank's code (issue 24, item 8)
+def test_a_hang_in_a_local_run_exits_76_from_the_cli_with_one_line_and_no_torchrun_traceback(tmp_path: Path) -> None:
+    """``python -m fsdp_workflow``: torchrun reports any failed rank as 1 with a ChildFailedError traceback;
+    the command exits with the rank's own code and names the rank, the reason and the log instead."""
+    run = tmp_path / "run"
+    args = ["cluster=local", "cluster.device=cpu", "train.seq_len=64", "consolidate.enabled=true", *HANG]
+    res = subprocess.run(cli_argv(run, args), env=_process_env({FAULT_ENV: "stop@3:1"}), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240)
+    err = res.stderr
+    assert res.returncode == EXIT_PEER_TIMEOUT, err[-4000:]
+    assert "ChildFailedError" not in err and "Traceback" not in err, err[-4000:]
+    (line,) = [l for l in err.splitlines() if "training failed:" in l]
+    assert f"exited with code {EXIT_PEER_TIMEOUT}" in line and "rank 1 on " in line, line
+    assert f"Full log: {run / 'logs' / 'train-local.log'}" in line, line
+    assert "ChildFailedError" in (run / "logs" / "train-local.log").read_text()  # kept, out of the way
+    assert not (run / "hf_model").exists()
+
+
+@pytest.mark.fs_size(FIRST_SAVE_FITS)
+def test_a_full_disk_in_a_local_run_exits_74_from_the_cli_with_one_line(small_fs: Path) -> None:
+    """The full disk above, through ``python -m fsdp_workflow`` (no code snapshot: the same bytes fit)."""
+    run = small_fs / "run"
+    args = ["cluster=local", "cluster.device=cpu", "cluster.code_snapshot=false", "train.seq_len=64",
+            "train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1", "consolidate.enabled=true"]
+    res = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=small_fs.parent, capture_output=True,
+                         text=True, timeout=240)
+    err = res.stderr
+    assert res.returncode == EXIT_DISK_FULL, err[-4000:]
+    assert "ChildFailedError" not in err and "Traceback" not in err, err[-4000:]
+    (line,) = [l for l in err.splitlines() if "training failed:" in l]
+    assert f"exited with code {EXIT_DISK_FULL}" in line and "No space left on device" in line, line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
+    assert not (run / "hf_model").exists()

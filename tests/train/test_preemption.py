@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,13 +20,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_REQUEUE
+from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEUE
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.train.fault_hooks import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
-    alive, child_pids, kill_tree, log_text, losses, rank_pids, start_cli, start_node_script, wait_for_step,
-    write_scripts,
+    alive, child_pids, descendants, kill_tree, log_text, losses, metrics_steps, rank_pids, start_cli,
+    start_node_script, wait_for_step, write_scripts,
 )
 
 pytestmark = pytest.mark.slow
@@ -147,3 +148,103 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     want, have = _tensors(straight_run / "checkpoints" / "step-20"), _tensors(ckpts / "step-20")
     assert sorted(want) == sorted(have) and any(k.startswith("optimizer.") for k in want)
     assert [k for k in want if not torch.equal(want[k], have[k])] == []  # bit-identical, optimizer state included
+
+
+# ---------------------------------------------------------------- Ctrl-C (issue 24, item 3)
+def _ctrl_c(proc) -> None:
+    """What a terminal does on Ctrl-C: SIGINT to the whole foreground process group."""
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def test_ctrl_c_checkpoints_at_the_step_exits_75_and_the_printed_command_resumes(tmp_path: Path) -> None:
+    run, err = tmp_path / "run", tmp_path / "stderr.txt"
+    proc = start_cli(run, LONG_RUN, stderr_to=err)
+    try:
+        wait_for_step(run, 2, proc)
+        _ctrl_c(proc)
+        proc.wait(timeout=STOP_WAIT_S)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = err.read_text()
+    assert proc.returncode == EXIT_REQUEUE, text[-4000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text and "ChildFailedError" not in text, text
+    info = json.loads((run / "train_exit.json").read_text())
+    step = info["step"]
+    assert info["exit_code"] == EXIT_REQUEUE and "SIGINT" in info["reason"], info
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{step}"]
+    assert max(metrics_steps(run)) == step
+    # The printed command, pasted into bash as is, resumes from that checkpoint.
+    (cmd,) = [line.split("resume with: ", 1)[1] for line in text.splitlines() if "resume with: " in line]
+    assert f"run_dir={run}" in cmd and "checkpoint.resume=auto" in cmd, cmd
+    with open(run / "resumed.log", "ab") as out:
+        again = subprocess.Popen(["bash", "-c", cmd], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while max(metrics_steps(run)) <= step + 1 and again.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _ctrl_c(again)
+        again.wait(timeout=STOP_WAIT_S)
+    finally:
+        if again.poll() is None:
+            kill_tree(again)
+    resumed = (run / "resumed.log").read_text()
+    assert again.returncode == EXIT_REQUEUE, resumed[-4000:]
+    assert f"resumed from {run / 'checkpoints' / f'step-{step}'} at step {step}" in resumed, resumed[-4000:]
+    steps = metrics_steps(run)
+    assert steps == list(range(1, max(steps) + 1)) and max(steps) > step + 1, steps  # each step once
+
+
+def test_a_second_ctrl_c_stops_at_once_and_leaves_only_committed_checkpoints(tmp_path: Path) -> None:
+    """The first Ctrl-C starts the step's save, held open by the test hook; the second ends everything."""
+    run, err = tmp_path / "run", tmp_path / "stderr.txt"
+    proc = start_cli(run, LONG_RUN, extra_env={SAVE_DELAY_ENV: "120"}, stderr_to=err)
+    pids: list[int] = []
+    try:
+        wait_for_step(run, 1, proc)
+        pids = descendants(proc.pid)
+        _ctrl_c(proc)
+        deadline = time.monotonic() + 60
+        while not list((run / "checkpoints").glob("step-*.tmp/__1_0.distcp")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        _ctrl_c(proc)
+        proc.wait(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = err.read_text()
+    assert proc.returncode == EXIT_INTERRUPTED, text[-4000:]
+    assert took < 10, took
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-4000:]
+    assert "stopped at once on a second Ctrl-C" in text and "Resume with: " in text, text[-4000:]
+    time.sleep(0.5)
+    assert not [p for p in pids if alive(p)], "a rank or torchrun outlived the second Ctrl-C"
+    # The cut-short save stays a .tmp; nothing named step-N exists that is not a complete checkpoint.
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(names) == 1 and names[0].endswith(".tmp"), names
+    assert not (run / "train_exit.json").exists() or json.loads((run / "train_exit.json").read_text())["exit_code"] != 0
+
+
+def test_ctrl_c_while_the_ranks_start_stops_after_the_first_step_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C once both ranks are up but still importing and building: the signal is kept, step 1 is
+    trained and saved, exit 75 (not a KeyboardInterrupt traceback per rank)."""
+    run, err = tmp_path / "run", tmp_path / "stderr.txt"
+    proc = start_cli(run, LONG_RUN, stderr_to=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f"rank {r} of 2 " in (err.read_text() if err.exists() else "") for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.05)
+        assert not metrics_steps(run)  # no step trained yet
+        _ctrl_c(proc)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = err.read_text()
+    assert proc.returncode == EXIT_REQUEUE, text[-4000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-4000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
