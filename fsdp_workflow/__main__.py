@@ -161,10 +161,19 @@ def _record_sweep_point(cfg, rc: int) -> None:
 
 def _plan_and_launch(cfg, lock) -> int:
     """Write the run directory, then submit or run it, all under ``lock`` (the caller releases it)."""
+    from pathlib import Path
+
     from fsdp_workflow.plan.estimate import memory_warning, summary_lines
     from fsdp_workflow.plan.run_dir import write_run_dir, written_names
     from fsdp_workflow.plan.spec import is_slurm
 
+    from fsdp_workflow.launch.chain_guard import live_chain_problem
+
+    live = live_chain_problem(Path(cfg.run_dir))  # before planning rewrites what a queued chain will run
+    if live:
+        lock.release()
+        print(f"fsdp_workflow: refused: {live}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
     try:
         plan = write_run_dir(cfg)
     except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text
