@@ -226,7 +226,9 @@ def test_validation_accepts_fsdp2_and_ddp() -> None:
 
 
 def test_consolidation_job_writes_the_ema_first(tmp_path: Path) -> None:
-    """consolidate.sbatch: the EMA (--subtree ema, never --remove-sharded) then exec the model (--subtree model)."""
+    """consolidate.sbatch: the EMA (--subtree ema, never --remove-sharded) then the model (--subtree model).
+
+    The model's step is not ``exec``'d: the job's EXIT trap writes its exit record and removes staging."""
     from fsdp_workflow.plan.render import render_all
     from fsdp_workflow.plan.spec import build_plan
 
@@ -236,7 +238,7 @@ def test_consolidation_job_writes_the_ema_first(tmp_path: Path) -> None:
     lines = [line for line in text.splitlines() if "fsdp_workflow.consolidate" in line]
     assert len(lines) == 2, text
     assert "hf_model_ema" in lines[0] and "--subtree ema" in lines[0] and "--remove-sharded" not in lines[0]
-    assert lines[1].startswith("exec ") and "--subtree model" in lines[1] and "--remove-sharded" in lines[1]
+    assert not lines[1].startswith("exec ") and "--subtree model" in lines[1] and "--remove-sharded" in lines[1]
     off = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", "dry_run=true",
                    f"run_dir={tmp_path / 'off'}"])
     assert "--subtree" not in render_all(build_plan(off))["consolidate.sbatch"]
