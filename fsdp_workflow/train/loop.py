@@ -48,7 +48,7 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Device, ModelInit, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.logs import setup_logging
-from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
+from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text, step_name
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
@@ -386,7 +386,7 @@ def train(s: Session, resumed: bool) -> Outcome:
             s.log.log(record)
             s.checkpointer.wait()
             value = record["loss" if bad == "loss" else "grad_norm"]
-            kept = f"step-{last_saved} is kept" if last_saved is not None else "none was saved yet"
+            kept = f"{step_name(last_saved)} is kept" if last_saved is not None else "none was saved yet"
             return Outcome(EXIT_NONFINITE, f"stopped: the {bad} became {value} at step {step}, so nothing from "
                            f"step {step} was saved (the last good checkpoint: {kept}). Lower optimizer.lr or set "
                            "optimizer.max_grad_norm, then resume with checkpoint.resume=auto", step, last_saved)

@@ -154,7 +154,7 @@ def test_a_trainer_started_by_hand_on_a_locked_run_dir_is_refused(tmp_path: Path
     assert both.returncode != 0 and log.count("is in use by someone else's trainer") == 2, log[-3000:]
     assert "exitcode  : 2" in log, log[-3000:]
     # Nothing written into the run: no metrics, no checkpoint, no heartbeat, no exit record.
-    assert sorted(p.name for p in run.iterdir()) == sorted([*before, ".lock", "train.log"])
+    assert sorted(p.name for p in run.iterdir()) == sorted([*before, ".lock"])
 
 
 # ---------------------------------------------------------------- torchrun's output (issue 24, item 8)

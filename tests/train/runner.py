@@ -75,17 +75,26 @@ def launch_env(run_dir: Path, extra: Optional[dict[str, str]] = None) -> dict[st
     return env
 
 
+def log_file(run_dir: Path) -> Path:
+    """The test's capture of a run's output: beside the run directory, never inside it.
+
+    The CLI refuses a non-empty ``run_dir`` that holds no run of this tool, so a log
+    written into a new run directory before planning would make the run refuse itself.
+    """
+    return run_dir.parent / f"{run_dir.name}.train.log"
+
+
 def launch(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None,
            timeout_s: float = 180) -> subprocess.CompletedProcess:
-    """Run the trainer to completion; output is kept in ``run_dir/train.log``."""
-    with open(run_dir / "train.log", "ab") as log:
+    """Run the trainer to completion; output is kept in :func:`log_file`."""
+    with open(log_file(run_dir), "ab") as log:
         return subprocess.run(launch_cmd(run_dir, nproc), env=launch_env(run_dir, extra_env),
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
 
 
 def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None) -> subprocess.Popen:
     """Start the trainer in the background (torchrun gives each rank its own session)."""
-    with open(run_dir / "train.log", "ab") as log:
+    with open(log_file(run_dir), "ab") as log:
         return subprocess.Popen(launch_cmd(run_dir, nproc), env=launch_env(run_dir, extra_env),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -114,7 +123,7 @@ def start_node_script(run_dir: Path, extra_env: Optional[dict[str, str]] = None)
     """``bash RUN_DIR/train_node.sh`` as ``srun`` starts it on node 0; the script execs torchrun."""
     env = _process_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(extra_env or {})})
     env.pop("SLURM_NODEID", None)
-    with open(run_dir / "train.log", "ab") as log:
+    with open(log_file(run_dir), "ab") as log:
         return subprocess.Popen(["bash", str(run_dir / "train_node.sh")], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -128,12 +137,12 @@ def start_cli(run_dir: Path, overrides: Sequence[str] = (), extra_env: Optional[
               stderr_to: Optional[Path] = None) -> subprocess.Popen:
     """``python -m fsdp_workflow run_dir=RUN_DIR OVERRIDES``: the local run, exactly as a user starts it.
 
-    Output goes to ``run_dir/train.log`` (the CLI accepts an existing run dir); with
+    Output goes to :func:`log_file` (beside the run directory); with
     ``stderr_to``, stderr goes there instead (what a user's terminal would show).
     The CLI leads a process group of its own: ``os.killpg(proc.pid, SIGINT)`` is a Ctrl-C.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "train.log", "ab") as log:
+    with open(log_file(run_dir), "ab") as log:
         err = open(stderr_to, "ab") if stderr_to is not None else None
         try:
             return subprocess.Popen(cli_argv(run_dir, overrides), env=_process_env(extra_env), cwd=run_dir.parent,
@@ -222,7 +231,7 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: f
 
 
 def log_text(run_dir: Path) -> str:
-    return (run_dir / "train.log").read_text(errors="replace")
+    return (log_file(run_dir)).read_text(errors="replace")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
