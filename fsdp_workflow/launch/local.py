@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
@@ -146,15 +146,13 @@ def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
 
 # ---------------------------------------------------------------- what the user reads
 def resume_command(root: Path) -> str:
-    """The command that resumes this run, pasteable into a shell (every word quoted).
+    """The command that resumes this run, pasteable into a shell (every word quoted, ``run_dir`` for Hydra too).
 
     The command line that started this process, with ``run_dir`` made absolute and
     ``checkpoint.resume=auto``; outside the CLI, the bare command for the run directory.
     """
-    args: List[str] = []
-    if Path(sys.argv[0]).parent.name == "fsdp_workflow" or Path(sys.argv[0]).name == "fsdp-workflow":
-        args = [a for a in sys.argv[1:] if not a.startswith(("run_dir=", "hydra.run.dir=", "checkpoint.resume="))]
-    return shlex.join(["python", "-m", "fsdp_workflow", *args, f"run_dir={root}", "checkpoint.resume=auto"])
+    cli = Path(sys.argv[0]).parent.name == "fsdp_workflow" or Path(sys.argv[0]).name == "fsdp-workflow"
+    return shell(local_resume_argv(root, sys.argv if cli else None))
 
 
 def _train_exit(layout: RunDir, since: float) -> Optional[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_requeue_released_with_starttime_now(tmp_path):
         #!/bin/bash
         echo "run restart_count=${{SLURM_RESTART_COUNT:-0}}"
         if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
-            touch {marker}
+            echo $$ > {marker}
             sleep 300
         fi
         echo "finished restart_count=${{SLURM_RESTART_COUNT:-0}}"
@@ -80,14 +81,21 @@ def test_requeue_released_with_starttime_now(tmp_path):
     job = su.sbatch("-o", str(log), "--open-mode=append", "--requeue", "--mem=100", script=script)
     su.wait_for_state(job, {"RUNNING"}, timeout_s=60)
     for _ in range(100):
-        if marker.exists():
+        if marker.exists() and marker.read_text().strip():
             break
         time.sleep(0.1)
+    first_shell = int(marker.read_text())
     su.requeue(job)
+    # Release only once the first run's batch shell is gone: on a loaded machine its end can reach
+    # slurmctld after the new run started, and Slurm then records that end (SIGTERM) for the new run.
+    for _ in range(600):
+        if not Path(f"/proc/{first_shell}").exists():
+            break
+        time.sleep(0.1)
     rec = su.release_requeued(job, timeout_s=60)
     assert rec["Reason"] in {"BeginTime", "None"}, rec
     final = su.wait_for_job(job, timeout_s=60)
-    assert final["JobState"] == "COMPLETED", final
+    assert final["JobState"] == "COMPLETED", (final.get("ExitCode"), final.get("Reason"), su.read_log(log))
     assert final["Restarts"] == "1"
     text = su.read_log(log)
     assert "run restart_count=0" in text
