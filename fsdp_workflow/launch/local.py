@@ -220,6 +220,11 @@ def _as_if_activated(env: dict) -> dict:
     return env
 
 
+def _interrupted(returncode: int) -> bool:
+    """A child step that ended on Ctrl-C: killed by SIGINT, or exited 130 after handling it."""
+    return returncode in (-signal.SIGINT, EXIT_INTERRUPTED)
+
+
 def _this_python(argv: List[str]) -> List[str]:
     """A ``python -m ...`` step run by this interpreter: the same environment as the trainer's."""
     return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
@@ -240,6 +245,11 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     if plan.prepare_argv:
         log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
         rc = _run(_this_python(plan.prepare_argv), env)
+        if _interrupted(rc):
+            print(f"[fsdp_workflow] interrupted (Ctrl-C) while preparing the data (exit {EXIT_INTERRUPTED}); "
+                  "nothing was trained and no partial cache is used. Run the same command again to prepare "
+                  "from the start.", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if rc != 0:
             log.error("[fsdp_workflow] data preparation failed (exit code %s); nothing was trained.", rc)
             return rc
@@ -276,6 +286,11 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
         argv = _this_python(cons)
         log.info("[fsdp_workflow] consolidating: %s", " ".join(argv[1:]))
         rc = _run(argv, env)
+        if _interrupted(rc):
+            print(f"[fsdp_workflow] interrupted (Ctrl-C) while consolidating (exit {EXIT_INTERRUPTED}); the "
+                  "checkpoints are untouched. Consolidate again with: "
+                  f"{shell(cons)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if rc != 0:
             log.error("[fsdp_workflow] consolidation failed (exit code %s); the checkpoints are untouched.", rc)
             return rc

@@ -74,6 +74,20 @@ def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, 
     assert not (plan.run_dir / REQUEUE_MARKER).exists()
 
 
+@pytest.mark.parametrize("child", ["os.kill(os.getpid(), signal.SIGINT)", "sys.exit(130)"])
+def test_ctrl_c_during_prepare_exits_130_with_what_to_do(child: str, tmp_path: Path, capsys) -> None:
+    """A prepare step ended by Ctrl-C (killed by SIGINT, or exiting 130) is reported as such, not as a failure."""
+    import dataclasses
+
+    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    code = f"import os, signal, sys; {child}"
+    plan = dataclasses.replace(plan, prepare_argv=["python", "-c", code])
+    assert run_local(plan, consolidate=False) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C) while preparing the data (exit 130)" in err and "Run the same command" in err
+    assert not (plan.run_dir / "checkpoints").exists() or not any((plan.run_dir / "checkpoints").iterdir())
+
+
 # ---------------------------------------------------------------- one run per run directory (issue 24, item 4)
 HOLD = """import sys, time
 from fsdp_workflow.core.lock import acquire
