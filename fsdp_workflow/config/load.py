@@ -20,9 +20,13 @@ if TYPE_CHECKING:
     from fsdp_workflow.config.errors import Issue
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# The Hydra config tree and the shipped sample data live inside the package, so
-# an ordinary (non-editable) ``pip install`` carries them.
-CONF_DIR = PACKAGE_DIR / "conf"
+# The Hydra config tree and the shipped sample data travel inside the package, so
+# an ordinary (non-editable) ``pip install`` carries them. In a checkout the tree
+# sits at the top level (``conf/``, as the README's picture shows) and
+# ``fsdp_workflow/conf`` is a relative link to it: editable installs, PYTHONPATH
+# and worktrees see one tree, and the wheel build copies it in. Resolved, so Hydra's
+# messages and the search path name the real files.
+CONF_DIR = (PACKAGE_DIR / "conf").resolve()
 ASSETS_DIR = PACKAGE_DIR / "assets"
 # The checkout the package was imported from (for ``git describe`` in provenance);
 # for an installed package this is site-packages and git simply finds no repository.
