@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List
 
-import fsdp_workflow
 from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_DISK_FULL
 from fsdp_workflow.core.rundir import RunDir
 
-PACKAGE_DIR = Path(fsdp_workflow.__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package this module belongs to
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
