@@ -23,6 +23,7 @@ __all__ = ["Chain", "SubmitError", "submit"]
 
 
 def __getattr__(name: str) -> object:
+    """``fsdp_workflow.submit`` and friends, loaded from :mod:`fsdp_workflow.api` when first asked for."""
     if name in __all__:
         from fsdp_workflow import api
 
