@@ -16,3 +16,16 @@ Pipeline stages, each a subpackage, each importing only the ones above it in thi
 """
 
 __version__ = "0.1.0"
+
+# The Python API (fsdp_workflow/api.py), imported on first use: `import fsdp_workflow`
+# stays free of Hydra and Slurm for the trainer's ranks and the consolidator.
+__all__ = ["Chain", "SubmitError", "submit"]
+
+
+def __getattr__(name: str) -> object:
+    """``fsdp_workflow.submit`` and friends, loaded from :mod:`fsdp_workflow.api` when first asked for."""
+    if name in __all__:
+        from fsdp_workflow import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fsdp_workflow' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 The imports are read from the source (``ast``), function-level ones included:
 a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
 
-    core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__
+    core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
                  ^----  data  <-  train ;  consolidate (config and core only)
                  ^----  evaluate (consolidate, train, data) ; status (core, config, data)
 """
@@ -37,7 +37,8 @@ ALLOWED: Dict[str, Set[str]] = {
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
     "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
-    "__init__": set(),
+    "api": {"core", "config", "plan", "launch"},  # fsdp_workflow.submit: the CLI's path, as a function
+    "__init__": {"api"},  # only the lazy re-export of the Python API
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"
 

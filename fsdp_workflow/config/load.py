@@ -20,9 +20,13 @@ if TYPE_CHECKING:
     from fsdp_workflow.config.errors import Issue
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# The Hydra config tree and the shipped sample data live inside the package, so
-# an ordinary (non-editable) ``pip install`` carries them.
-CONF_DIR = PACKAGE_DIR / "conf"
+# The Hydra config tree and the shipped sample data travel inside the package, so
+# an ordinary (non-editable) ``pip install`` carries them. In a checkout the tree
+# sits at the top level (``conf/``, as the README's picture shows) and
+# ``fsdp_workflow/conf`` is a relative link to it: editable installs, PYTHONPATH
+# and worktrees see one tree, and the wheel build copies it in. Resolved, so Hydra's
+# messages and the search path name the real files.
+CONF_DIR = (PACKAGE_DIR / "conf").resolve()
 ASSETS_DIR = PACKAGE_DIR / "assets"
 # The checkout the package was imported from (for ``git describe`` in provenance);
 # for an installed package this is site-packages and git simply finds no repository.
@@ -154,22 +158,53 @@ def experiment_selected(overrides: Sequence[str]) -> Optional[str]:
     return chosen
 
 
-def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:
-    """Compose ``conf/`` with Hydra's compose API and return the typed config.
-
-    For tests and notebooks; the CLI goes through ``@hydra.main``. ``run_dir``
-    defaults to ``runs/compose`` here because there is no Hydra runtime.
-    """
+def _hydra_compose(overrides: Sequence[str]) -> DictConfig:
+    """Hydra's compose API on ``conf/`` with already normalised overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
     register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def compose(overrides: Optional[Sequence[str]] = None) -> WorkflowConfig:
+    """Compose ``conf/`` with Hydra's compose API and return the typed config.
+
+    For tests and notebooks; the CLI goes through ``@hydra.main``. ``run_dir``
+    defaults to ``runs/compose`` here because there is no Hydra runtime.
+    """
     ov: List[str] = normalize_overrides(overrides or [])
     if not any(o.startswith("run_dir=") for o in ov):
         ov.append("run_dir=runs/compose")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=ov)
-    return to_typed(cfg)
+    return to_typed(_hydra_compose(ov))
+
+
+def compose_collecting(overrides: Sequence[str]) -> Tuple[WorkflowConfig, List["Issue"]]:
+    """Compose like the CLI: unknown keys, given or composed, come back as issues instead of raising.
+
+    An override naming a key the schema does not know is left out of the composition
+    (Hydra would stop at the first, naming no valid key) and reported with the rest,
+    so the caller can show every problem in one report, as ``python -m fsdp_workflow`` does.
+
+    Args:
+        overrides: Hydra overrides, as on the command line (normalised here).
+
+    Returns:
+        The typed config and the unknown-key issues, command-line ones first.
+
+    Raises:
+        hydra.errors.HydraException: a composition error (no such option, a YAML syntax error).
+        omegaconf.errors.OmegaConfBaseException: a missing mandatory value or a type error.
+    """
+    from fsdp_workflow.config.keys import override_key_issues
+
+    ov = normalize_overrides(overrides)
+    given = override_key_issues(ov)
+    if given:
+        ov = [o for o in ov if not override_key_issues([o])]
+    cfg, composed = to_typed_collecting(_hydra_compose(ov))
+    return cfg, [*given, *composed]

@@ -223,6 +223,37 @@ def _print_config_error(err: ClusterLimitError) -> int:
     return EXIT_USAGE
 
 
+def as_config_error(cfg: WorkflowConfig, err: SubmissionError) -> Optional[ClusterLimitError]:
+    """sbatch's refusal of an option we set, as a config error naming the key (exit 2); else None (exit 1)."""
+    refused = sbatch_refusal_issue(cfg, err)
+    if refused is None:
+        return None
+    note = " ".join(line.strip() for line in err.cancelled.splitlines() if line.strip())
+    return ClusterLimitError([refused], (note + " " if note else "") + "Nothing of this chain is left in the queue.")
+
+
+def submit_recorded(cfg: WorkflowConfig, plan: LaunchPlan) -> List[Submitted]:
+    """Check the chain against the cluster, submit it, and append it to RUN_DIR/jobs.txt.
+
+    The CLI (:func:`submit`) and the Python API (:func:`fsdp_workflow.api.submit`) both
+    submit through here: the same checks, the same ``sbatch`` commands, the same record.
+
+    Returns:
+        The jobs as submitted, in chain order.
+
+    Raises:
+        ClusterLimitError: the cluster could never start a job; nothing is left in the queue.
+        SubmissionError: sbatch failed; the jobs submitted before were cancelled
+            (:func:`as_config_error` tells whether it was an option we set).
+    """
+    check_limits(cfg, plan)
+    submitted = submit_chain(plan)
+    refuse_never_starting(cfg, submitted)
+    with open(plan.layout.jobs, "a") as f:
+        f.write("".join(f"{s.job.role} {s.job_id}\n" for s in submitted))
+    return submitted
+
+
 def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     """Check the chain against the cluster, submit it, record it in RUN_DIR/jobs.txt; never waits for it to run.
 
@@ -242,21 +273,15 @@ def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
         print(f"fsdp_workflow: {done}", file=sys.stderr if rc else sys.stdout)
         return rc
     try:
-        check_limits(cfg, plan)
-        submitted = submit_chain(plan)
-        refuse_never_starting(cfg, submitted)
+        submitted = submit_recorded(cfg, plan)
     except ClusterLimitError as err:
         return _print_config_error(err)
     except SubmissionError as err:
-        refused = sbatch_refusal_issue(cfg, err)
+        refused = as_config_error(cfg, err)
         if refused is not None:  # an option we set: the key, like any invalid config (exit 2)
-            note = " ".join(line.strip() for line in err.cancelled.splitlines() if line.strip())
-            return _print_config_error(ClusterLimitError([refused], (note + " " if note else "")
-                                                         + "Nothing of this chain is left in the queue."))
+            return _print_config_error(refused)
         log.error("fsdp_workflow: submission failed: %s", err)
         return 1
-    with open(plan.layout.jobs, "a") as f:
-        f.write("".join(f"{s.job.role} {s.job_id}\n" for s in submitted))
     train = next(s for s in submitted if s.job is plan.train)
     for s in submitted:
         if s is train:

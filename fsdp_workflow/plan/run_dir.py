@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 from omegaconf import OmegaConf
@@ -221,8 +221,14 @@ def written_names(plan: LaunchPlan) -> List[str]:
     return names
 
 
-def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
+def write_run_dir(cfg: WorkflowConfig, command: Optional[Sequence[str]] = None) -> LaunchPlan:
     """Create ``cfg.run_dir`` and write everything a launch needs into it.
+
+    Args:
+        cfg: the validated config.
+        command: the planning command for ``provenance.json`` (resume commands are built
+            from it); default ``sys.argv``, the CLI's. The Python API passes the command
+            line that plans the same run.
 
     Returns:
         The plan the scripts were rendered from.
@@ -254,7 +260,7 @@ def write_run_dir(cfg: WorkflowConfig) -> LaunchPlan:
         "git_dirty": None if revision == "unknown" else revision.endswith("-dirty"),
         "code_snapshot": snapshot,
         "config_sha256": plan.config_sha256,  # what every job checks config.yaml against (core.config_hash)
-        "command": sys.argv,
+        "command": list(sys.argv if command is None else command),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,
         "files": sorted([layout.config.name, layout.launch_env.name, *scripts]),

@@ -23,27 +23,34 @@ what to free, and ends the command with exit 74, no traceback, nothing left behi
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
 
-import fsdp_workflow
 from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_DISK_FULL
 from fsdp_workflow.core.rundir import RunDir
 
-PACKAGE_DIR = Path(fsdp_workflow.__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package this module belongs to
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
 def package_files(root: Path = PACKAGE_DIR) -> Iterator[Path]:
-    """The package's files that a job needs, relative to ``root``, sorted (no bytecode, no caches)."""
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and not _SKIP_DIRS.intersection(rel.parts) and not path.name.endswith(_SKIP_SUFFIXES):
-            yield rel
+    """The package's files that a job needs, relative to ``root``, sorted (no bytecode, no caches).
+
+    Directory links are followed: in a checkout ``fsdp_workflow/conf`` links to the
+    top-level ``conf/`` (pyproject.toml), and the snapshot must hold the tree itself.
+    """
+    found: List[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        base = Path(dirpath)
+        found += [(base / f).relative_to(root) for f in filenames
+                  if not f.endswith(_SKIP_SUFFIXES) and (base / f).is_file()]
+    yield from sorted(found)
 
 
 def content_hash(root: Path) -> str:

@@ -58,3 +58,23 @@ def test_dockerfile_matches_the_definition() -> None:
         for path in src.split():
             assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
     assert 'CMD ["python", "-m", "fsdp_workflow"]' in text
+
+
+def _links_out_of(src: Path) -> set[Path]:
+    """Where the links under ``src`` point, for those that point outside it."""
+    return {(p.parent / p.readlink()).resolve().relative_to(ROOT) for p in [src, *src.rglob("*")]
+            if p.is_symlink() and not (p.parent / p.readlink()).resolve().is_relative_to(src.resolve())}
+
+
+def test_both_recipes_copy_what_the_package_links_to() -> None:
+    """``fsdp_workflow/conf`` links to the top-level ``conf/``: an image copying only the package gets a dangling link."""
+    copied = {
+        DEF: {line.split()[0] for line in parse_def(DEF.read_text())[1]["files"].splitlines() if line.strip()},
+        DOCKERFILE: {p for src in re.findall(r"^COPY\s+(.+)\s+\S+$", DOCKERFILE.read_text(), re.M)
+                     for p in src.split()},
+    }
+    assert Path("conf") in _links_out_of(ROOT / "fsdp_workflow")
+    for recipe, paths in copied.items():
+        needed = set().union(*(_links_out_of(ROOT / p) for p in paths if (ROOT / p).is_dir()))
+        missing = sorted(str(n) for n in needed if str(n) not in paths)
+        assert not missing, f"{recipe.name} copies links into {missing} without copying those paths: copy them too"

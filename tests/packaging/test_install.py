@@ -1,8 +1,12 @@
 """``pip install .`` is an ordinary package: the config tree and smoke corpus travel in it.
 
-A fresh venv gets a regular (non-editable) install of a copy of this checkout,
-and its ``fsdp-workflow`` runs from an unrelated directory: a dry run, a user
-experiment found through ``hydra.searchpath``, and the real 2-process smoke run.
+The checkout holds one config tree, the top-level ``conf/``; ``fsdp_workflow/conf``
+is a relative link to it (pyproject.toml says why). A wheel built offline from a copy
+of the checkout carries every file of the tree as package data; a fresh venv gets a
+regular install of that wheel, and its ``fsdp-workflow`` runs from an unrelated
+directory: composing the smoke experiment, a dry run, a user experiment found through
+``hydra.searchpath``, and the real 2-process smoke run. A second venv gets an editable
+install of the copy, which composes too and snapshots the tree as real files.
 
     python -m pytest -q tests/packaging
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -27,6 +32,7 @@ from typing import Dict, List, Sequence
 import pytest
 import yaml
 
+from fsdp_workflow.config.load import CONF_DIR
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     CONSOLIDATE_SBATCH,
@@ -40,7 +46,7 @@ from fsdp_workflow.core.rundir import (
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "fsdp_workflow"
 # Everything a build reads from the checkout (pyproject's `readme` included).
-BUILD_INPUTS = ("pyproject.toml", "README.md", PACKAGE)
+BUILD_INPUTS = ("pyproject.toml", "README.md", "conf", PACKAGE)
 RUN_FILES = (CONFIG_FILE, LAUNCH_ENV_FILE, TRAIN_SBATCH, TRAIN_NODE_SCRIPT, CONSOLIDATE_SBATCH, SUBMIT_SCRIPT,
              PROVENANCE_FILE)
 PIP_OFFLINE = ["--no-deps", "--no-build-isolation", "--no-index", "--disable-pip-version-check", "-q"]
@@ -63,11 +69,14 @@ checkpoint:
 
 
 def _copy_source(dest: Path) -> Path:
-    """The build inputs of the checkout, without bytecode or an editable install's egg-info."""
+    """The build inputs of the checkout, without bytecode or an editable install's egg-info.
+
+    Links are copied as links, so the build meets ``fsdp_workflow/conf`` as a checkout has it.
+    """
     dest.mkdir(parents=True)
     for name in BUILD_INPUTS:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, dest / name,
+            shutil.copytree(ROOT / name, dest / name, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         else:
             shutil.copy2(ROOT / name, dest / name)
@@ -136,29 +145,71 @@ def _add_torchrun(venv: Path, log: Path) -> None:
     script.chmod(0o755)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """A venv (inside a user's git repository) with a regular install of this checkout."""
-    root = tmp_path_factory.mktemp("install")
-    in_repo = _git_repo_with_a_commit(root)
-    src = _copy_source(root / "src")
+def _venv(root: Path) -> Path:
+    """A venv that sees the system's site-packages, without a pip of its own.
+
+    The system's pip (and setuptools, for an editable build) are seen through the
+    system site-packages and install into this venv's prefix.
+    """
     venv = root / "venv"
-    # No pip of its own: the system's pip (and setuptools, for the build) are seen through
-    # the system site-packages and install into this venv's prefix.
     res = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], cwd=root)
     assert res.returncode == 0, _explain(res)
     probe = _run([venv / "bin" / "python", "-c", "import setuptools, torch, transformers, hydra, pip"], cwd=root)
     if probe.returncode != 0:
         pytest.skip("a --system-site-packages venv of this interpreter cannot import pip, setuptools, torch, "
                     f"transformers and hydra (is pytest running inside a venv?):\n{probe.stderr[-2000:]}")
-    res = _run([venv / "bin" / "python", "-m", "pip", "install", *PIP_OFFLINE, src], cwd=root, timeout_s=300)
+    return venv
+
+
+def _package_dir(venv: Path, cwd: Path) -> Path:
+    res = _run([venv / "bin" / "python", "-c", "import fsdp_workflow; print(fsdp_workflow.__file__)"], cwd=cwd)
     assert res.returncode == 0, _explain(res)
-    res = _run([venv / "bin" / "python", "-c", "import fsdp_workflow; print(fsdp_workflow.__file__)"], cwd=root)
+    return Path(res.stdout.strip()).parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel ``pip wheel`` builds, offline, from a copy of this checkout."""
+    root = tmp_path_factory.mktemp("wheel")
+    src = _copy_source(root / "src")
+    assert (src / PACKAGE / "conf").is_symlink(), "the copy lost the link the build must follow"
+    res = _run([sys.executable, "-m", "pip", "wheel", *PIP_OFFLINE, "-w", root / "dist", src], cwd=root,
+               timeout_s=300)
     assert res.returncode == 0, _explain(res)
-    package_dir = Path(res.stdout.strip()).parent
+    (whl,) = (root / "dist").glob("*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Installed:
+    """A venv (inside a user's git repository) with a regular install of the wheel."""
+    root = tmp_path_factory.mktemp("install")
+    in_repo = _git_repo_with_a_commit(root)
+    venv = _venv(root)
+    res = _run([venv / "bin" / "python", "-m", "pip", "install", *PIP_OFFLINE, wheel], cwd=root, timeout_s=300)
+    assert res.returncode == 0, _explain(res)
     log = root / "torchrun_imports.txt"
     _add_torchrun(venv, log)
-    return Installed(venv=venv, package_dir=package_dir, torchrun_log=log, inside_git_repo=in_repo)
+    return Installed(venv=venv, package_dir=_package_dir(venv, root), torchrun_log=log, inside_git_repo=in_repo)
+
+
+@dataclass
+class Editable:
+    venv: Path
+    src: Path  # the copy of the checkout the venv's package points at
+
+
+@pytest.fixture(scope="module")
+def editable(tmp_path_factory: pytest.TempPathFactory) -> Editable:
+    """A venv with ``pip install -e`` of a copy of this checkout (its egg-info lands in the copy)."""
+    root = tmp_path_factory.mktemp("editable")
+    src = _copy_source(root / "src")
+    venv = _venv(root)
+    res = _run([venv / "bin" / "python", "-m", "pip", "install", *PIP_OFFLINE, "-e", src], cwd=root,
+               timeout_s=300)
+    assert res.returncode == 0, _explain(res)
+    assert _package_dir(venv, root) == src / PACKAGE, "the venv does not import the editable copy"
+    return Editable(venv=venv, src=src)
 
 
 @pytest.fixture
@@ -232,21 +283,76 @@ def test_smoke_training_runs_from_the_installed_package(installed: Installed, el
     assert Path(snapshot["source"]) == Path(installed.package_dir).resolve(), snapshot
 
 
-def test_the_wheel_carries_every_config_file_and_asset(tmp_path: Path) -> None:
-    src = _copy_source(tmp_path / "src")
-    res = _run([sys.executable, "-m", "pip", "wheel", *PIP_OFFLINE, "-w", tmp_path / "wheel", src],
-               cwd=tmp_path, timeout_s=300)
-    assert res.returncode == 0, _explain(res)
-    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+def _yaml_files(base: Path) -> List[str]:
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*.yaml") if p.is_file())
+
+
+def test_the_checkout_holds_one_config_tree() -> None:
+    """conf/ is the tree; fsdp_workflow/conf is a relative link to it, tracked by git as a link."""
+    assert (ROOT / "conf").is_dir() and not (ROOT / "conf").is_symlink()
+    assert "config.yaml" in _yaml_files(ROOT / "conf")
+    link = ROOT / PACKAGE / "conf"
+    assert link.is_symlink() and os.readlink(link) == "../conf", (
+        f"{link} must be the link `ln -s ../conf {link}`, not a copy of the tree")
+    assert CONF_DIR == (ROOT / "conf").resolve()
+    if shutil.which("git") and (ROOT / ".git").exists():
+        res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s", f"{PACKAGE}/conf"], capture_output=True,
+                             text=True, check=True)
+        assert res.stdout.startswith("120000 "), f"git does not track {PACKAGE}/conf as a link: {res.stdout!r}"
+
+
+def test_the_wheel_carries_every_config_file_and_asset(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
-    expected: List[str] = []
-    for sub, pattern in (("conf", "*.yaml"), ("assets", "*")):
-        base = ROOT / PACKAGE / sub
-        expected += [p.relative_to(ROOT).as_posix() for p in base.rglob(pattern) if p.is_file()]
+        infos = zf.infolist()
+    names = {i.filename for i in infos}
+    expected = [f"{PACKAGE}/conf/{rel}" for rel in _yaml_files(ROOT / "conf")]
+    expected += [p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE / "assets").rglob("*") if p.is_file()]
     assert f"{PACKAGE}/conf/config.yaml" in expected
     missing = sorted(set(expected) - names)
     assert not missing, (
         f"{wheel.name} lacks {missing}: widen [tool.setuptools.package-data] in pyproject.toml "
-        "so every file under fsdp_workflow/conf and fsdp_workflow/assets is package data."
+        f"so every file under conf/ (linked as {PACKAGE}/conf) and {PACKAGE}/assets is package data."
     )
+    # The tree is in the wheel once, as regular files inside the package (a link would
+    # point out of site-packages); no stray top-level conf/ beside the package.
+    assert not [n for n in names if n.startswith("conf/")], sorted(names)[:20]
+    links = [i.filename for i in infos if stat.S_ISLNK(i.external_attr >> 16)]
+    assert not links, f"{wheel.name} stores links: {links}"
+
+
+_COMPOSE = ("import json; from fsdp_workflow.config.load import CONF_DIR, compose; "
+            "cfg = compose(['+experiment=smoke']); "
+            "print(json.dumps({'conf_dir': str(CONF_DIR), 'name': cfg.name, "
+            "'processes': cfg.cluster.processes_per_node}))")
+
+
+def _compose_smoke(venv: Path, cwd: Path) -> Dict[str, object]:
+    res = _run([venv / "bin" / "python", "-c", _COMPOSE], cwd=cwd)
+    assert res.returncode == 0, _explain(res)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_wheel_install_composes_the_smoke_experiment_from_elsewhere(installed: Installed,
+                                                                        elsewhere: Path) -> None:
+    got = _compose_smoke(installed.venv, elsewhere)
+    assert (got["name"], got["processes"]) == ("smoke", 2), got
+    conf_dir = Path(str(got["conf_dir"]))
+    assert conf_dir == installed.package_dir / "conf" and conf_dir.is_dir() and not conf_dir.is_symlink(), got
+    assert _yaml_files(conf_dir) == _yaml_files(ROOT / "conf")
+
+
+def test_the_editable_install_composes_and_snapshots_the_tree(editable: Editable, elsewhere: Path,
+                                                              tmp_path: Path) -> None:
+    got = _compose_smoke(editable.venv, elsewhere)
+    assert (got["name"], got["processes"]) == ("smoke", 2), got
+    assert Path(str(got["conf_dir"])) == editable.src / "conf", got  # the copy's one tree, not the checkout's
+    # The CLI (Hydra's own search path) plans from it, and the code snapshot the jobs
+    # import holds the tree itself, not a link that would dangle inside RUN_DIR/code.
+    run_dir = tmp_path / "plan"
+    res = _run([editable.venv / "bin" / "fsdp-workflow", "dry_run=true", f"run_dir={run_dir}"], cwd=elsewhere)
+    assert res.returncode == 0, _explain(res)
+    assert yaml.safe_load((run_dir / CONFIG_FILE).read_text())["name"] == "smoke"
+    snap = run_dir / "code" / PACKAGE / "conf"
+    assert snap.is_dir() and not snap.is_symlink(), sorted(p.name for p in (run_dir / "code" / PACKAGE).iterdir())
+    assert _yaml_files(snap) == _yaml_files(ROOT / "conf")
+    assert list(elsewhere.iterdir()) == [], "the command left files in the working directory"
