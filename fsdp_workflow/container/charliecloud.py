@@ -84,12 +84,16 @@ class Charliecloud(Runtime):
             return errors, warnings  # a .sqfs, a missing image (reported elsewhere) or a writable image
         for b in bind_list_or_empty(cfg):
             inside = os.path.join(image, b.dst.lstrip("/"))
-            if any(_under(b.dst, d) for d in SHARED_DIRS) or os.path.isdir(inside):
+            is_file = os.path.isfile(b.src)  # a file binds onto a file, anything else onto a directory
+            if any(_under(b.dst, d) for d in SHARED_DIRS) or (os.path.isfile if is_file else os.path.isdir)(inside):
                 continue
+            make = (f"mkdir -p {shlex.quote(os.path.dirname(inside))} && touch {shlex.quote(inside)}" if is_file
+                    else f"mkdir -p {shlex.quote(inside)}")
             (warnings if cfg.dry_run else errors).append(Issue(
                 b.key, b.dst,
-                "ch-run binds only onto a directory that exists in the image, and this one is missing there",
-                f"mkdir -p {shlex.quote(inside)}  (or container.extra_args=[-w] for a writable image)",
+                f"ch-run binds only onto a {'file' if is_file else 'directory'} that exists in the image, "
+                "and this one is missing there",
+                f"{make}  (or container.extra_args=[-w] for a writable image)",
             ))
         return errors, warnings
 

@@ -24,7 +24,8 @@ PASS_ENV_PROGRAM = env_filter_program(EnvFilter())
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"
 STRATEGIES = ["fsdp2", "fsdp1", "ddp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"]
-IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr.io#nvidia/pytorch:25.01-py3"}
+IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr.io#nvidia/pytorch:25.01-py3",
+          "charliecloud": "/images/fsdp_workflow"}
 STEPS = ["train", "consolidate", "evaluate"]
 
 
