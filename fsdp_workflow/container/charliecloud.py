@@ -40,6 +40,14 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _parsed_binds(cfg: WorkflowConfig) -> List[Bind]:
+    """The binds, or none when one cannot be parsed (validation reports that entry itself)."""
+    try:
+        return bind_list(cfg)
+    except ValueError:
+        return []
+
+
 class Charliecloud(Runtime):
     """``container.runtime=charliecloud``: an image directory run with ``ch-run``."""
 
@@ -82,7 +90,7 @@ class Charliecloud(Runtime):
             return errors, warnings
         if not os.path.isdir(image) or any(f in ct.extra_args for f in WRITE_FLAGS):
             return errors, warnings  # a .sqfs, a missing image (reported elsewhere) or a writable image
-        for b in bind_list_or_empty(cfg):
+        for b in _parsed_binds(cfg):
             inside = os.path.join(image, b.dst.lstrip("/"))
             is_file = os.path.isfile(b.src)  # a file binds onto a file, anything else onto a directory
             if any(_under(b.dst, d) for d in SHARED_DIRS) or (os.path.isfile if is_file else os.path.isdir)(inside):
@@ -96,11 +104,3 @@ class Charliecloud(Runtime):
                 f"{make}  (or container.extra_args=[-w] for a writable image)",
             ))
         return errors, warnings
-
-
-def bind_list_or_empty(cfg: WorkflowConfig) -> List[Bind]:
-    """The binds, or none when one cannot be parsed (validation reports that entry itself)."""
-    try:
-        return bind_list(cfg)
-    except ValueError:
-        return []

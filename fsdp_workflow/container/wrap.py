@@ -13,17 +13,10 @@ from __future__ import annotations
 from typing import List
 
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.container.base import (  # noqa: F401  (the package's names, re-exported)
-    PASS_ENV_NAMES,
-    PASS_ENV_PREFIXES,
-    STEP_USES_GPU,
-    ContainerCommand,
-    EnvFilter,
-    check_step,
-    explicit_env,
-    uses_gpu,
-)
+from fsdp_workflow.container.base import ContainerCommand, check_step, explicit_env
 from fsdp_workflow.container.registry import runtime_for
+
+__all__ = ["container_command", "explicit_env", "in_image", "srun_container_args"]
 
 
 def container_command(cfg: WorkflowConfig, step: str) -> ContainerCommand:
