@@ -88,9 +88,15 @@ class Charliecloud(Runtime):
                                 "ch-run reads a relative path or a ch-image storage name on the node that runs the "
                                 "step, where it may name another image", f"container.image={self.image_example}"))
             return errors, warnings
+        binds = _parsed_binds(cfg)
+        # an explicit ":ro" the user asked for cannot be honoured: say so rather than drop it silently
+        warnings += [Issue(b.key, ct.binds[int(b.key[len("container.binds["):-1])],
+                           "ch-run (Charliecloud 0.31) has no read-only bind: it is bound read-write",
+                           "drop ':ro', or use container=apptainer where read-only matters")
+                     for b in binds if b.read_only and b.key.startswith("container.binds[")]
         if not os.path.isdir(image) or any(f in ct.extra_args for f in WRITE_FLAGS):
             return errors, warnings  # a .sqfs, a missing image (reported elsewhere) or a writable image
-        for b in _parsed_binds(cfg):
+        for b in binds:
             inside = os.path.join(image, b.dst.lstrip("/"))
             is_file = os.path.isfile(b.src)  # a file binds onto a file, anything else onto a directory
             if any(_under(b.dst, d) for d in SHARED_DIRS) or (os.path.isfile if is_file else os.path.isdir)(inside):

@@ -180,6 +180,8 @@ def test_missing_bind_destination_in_the_image_is_a_config_error(tmp_path: Path,
     assert "data.path" not in dry.keys() and "data.path" in [w.key for w in dry.warnings]
     writable = validate(_charliecloud(image, run_dir, f"data.path={data}", "container.extra_args=[-w]"))
     assert "data.path" not in writable.keys()
+    read_only = validate(_charliecloud(image, run_dir, "container.binds=[/usr,/opt:/opt:ro]", "dry_run=true"))
+    assert [w.value for w in read_only.warnings if "no read-only bind" in w.why] == ["/opt:/opt:ro"]
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "container=charliecloud",
                            f"container.image={image}", f"data.path={data}", f"run_dir={run_dir}"],
                           capture_output=True, text=True, timeout=120)
