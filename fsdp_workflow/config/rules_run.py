@@ -14,7 +14,6 @@ from typing import List, Optional
 
 from fsdp_workflow.config.schema import (
     ClusterKind,
-    ContainerRuntime,
     DataFormat,
     DataSource,
     Device,
@@ -229,26 +228,6 @@ def check_consolidate(cfg: WorkflowConfig, r: ValidationReport) -> None:
         )
 
 
-def check_container(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """A runtime needs an image; pyxis exists only inside Slurm's srun."""
-    k = cfg.container
-    if k.runtime != ContainerRuntime.none and not k.image:
-        example = (
-            "/path/fsdp_workflow.sif"
-            if k.runtime == ContainerRuntime.apptainer
-            else "'nvcr.io#nvidia/pytorch:25.01-py3' (quoted: Hydra reads # as a comment)"
-        )
-        r.error("container.image", k.image, f"container.runtime={k.runtime.value} needs an image",
-                f"container.image={example}")
-    if k.runtime == ContainerRuntime.none and k.image:
-        r.warn("container.image", k.image, "container.runtime=none ignores the image",
-               "container=apptainer (or container.image=null)")
-    if k.runtime == ContainerRuntime.pyxis and cfg.cluster.kind != ClusterKind.slurm:
-        r.error("container.runtime", "pyxis", "pyxis is a Slurm srun plugin; a local run cannot use it",
-                "container=apptainer (or cluster=slurm cluster.partition=NAME)")
-    # image existence, binds and --nv: fsdp_workflow.container.checks
-
-
 RULES: List[Rule] = [
     check_model,
     check_data,
@@ -257,5 +236,4 @@ RULES: List[Rule] = [
     check_checkpoint,
     check_attention,
     check_consolidate,
-    check_container,
 ]

@@ -175,9 +175,12 @@ class Launcher(str, Enum):
 
 
 class ContainerRuntime(str, Enum):
-    none = "none"
-    apptainer = "apptainer"
-    pyxis = "pyxis"
+    """Where each step runs; each value is one class in ``fsdp_workflow/container/`` (docs/containers.md)."""
+
+    none = "none"  # on the host
+    apptainer = "apptainer"  # apptainer exec IMAGE.sif
+    pyxis = "pyxis"  # srun --container-image (Slurm's pyxis plugin, enroot)
+    charliecloud = "charliecloud"  # ch-run IMAGE_DIR
 
 
 class Tracker(str, Enum):
@@ -369,7 +372,7 @@ class ContainerConfig:
     """Run each step inside an image."""
 
     runtime: ContainerRuntime = ContainerRuntime.none
-    image: Optional[str] = None  # .sif path (apptainer) or image reference (pyxis)
+    image: Optional[str] = None  # .sif path (apptainer), image reference (pyxis), image directory (charliecloud)
     binds: List[str] = field(default_factory=list)  # extra host paths (src[:dst[:opts]])
     env: Dict[str, str] = field(default_factory=dict)  # variables set inside the container
     extra_args: List[str] = field(default_factory=list)  # more runtime arguments, passed as given

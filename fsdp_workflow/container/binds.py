@@ -4,8 +4,9 @@ Every path the config names (run directory, model, tokenizer, data, resume
 checkpoint, NVMe offload, consolidated output, logs, cache variables set in
 ``container.env``) is bound at the same path inside the image, so the argv
 and the resolved ``config.yaml`` mean the same thing on both sides. Inputs
-are bound read-only. One list, :func:`bind_paths`, feeds both Apptainer's
-``--bind`` and pyxis's ``--container-mounts``; the isolation test builds its
+are bound read-only (where the runtime can). One list, :func:`bind_list`, feeds
+every runtime (Apptainer's ``--bind``, pyxis's ``--container-mounts``, Charliecloud's
+``-b``; each spells a :class:`Bind` itself); the isolation test builds its
 bubblewrap namespace from the same list.
 """
 
@@ -23,8 +24,6 @@ CACHE_ENV_VARS = (
     "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "XDG_CACHE_HOME",
     "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "TMPDIR",
 )
-# Neither runtime can escape these inside a bind spec (both split on them).
-BIND_SEPARATORS = (",", ":")
 BIND_OPTIONS = ("rw", "ro")
 _GLOB_CHARS = "*?["
 
@@ -44,16 +43,6 @@ class Bind:
     dst: str
     read_only: bool
     key: str
-
-    def apptainer(self) -> str:
-        """``--bind`` value: ``src`` alone for a same-path read-write bind, else ``src:dst:ro|rw``."""
-        if self.src == self.dst and not self.read_only:
-            return self.src
-        return f"{self.src}:{self.dst}:{'ro' if self.read_only else 'rw'}"
-
-    def pyxis(self) -> str:
-        """One ``--container-mounts`` entry: ``src:dst[:ro]``."""
-        return f"{self.src}:{self.dst}" + (":ro" if self.read_only else "")
 
 
 def _absolute(path: str) -> str:
@@ -162,8 +151,3 @@ def bind_list(cfg: WorkflowConfig) -> List[Bind]:
 def bind_paths(cfg: WorkflowConfig) -> List[str]:
     """The host paths of :func:`bind_list`, in mount order."""
     return [b.src for b in bind_list(cfg)]
-
-
-def unbindable(b: Bind) -> List[str]:
-    """Characters in a bind that neither ``--bind`` nor ``--container-mounts`` can carry."""
-    return [c for c in BIND_SEPARATORS if c in b.src or c in b.dst]

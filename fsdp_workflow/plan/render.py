@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from typing import Dict, Iterable, List, Mapping, Sequence
 
-from fsdp_workflow.container.wrap import ContainerCommand, EnvFilter
+from fsdp_workflow.container.base import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_USAGE
@@ -97,22 +97,30 @@ def render_launch_env(env: Mapping[str, str]) -> str:
 
 # ---------------------------------------------------------------- containers
 def env_filter_program(f: EnvFilter) -> str:
-    """A constant bash program: re-export the pass-through variables for ``apptainer exec --cleanenv``.
+    """A constant bash program that lets only the runtime's pass-through variables into the image.
 
-    Apptainer honours ``APPTAINERENV_<NAME>`` even under ``--cleanenv``; any such
-    variable already in the user's shell is dropped first. No config value is
-    ever part of it.
+    Built from the runtime's :class:`~fsdp_workflow.container.base.EnvFilter`, never
+    from a config value. Apptainer's re-exports each passing variable as
+    ``APPTAINERENV_<NAME>`` (honoured under ``--cleanenv``) after dropping any such
+    variable the user's shell had; Charliecloud's (``drop_rest``) unsets every
+    variable but the passing ones and those ``ch-run`` needs on the host.
     """
-    drop = "|".join(f"{p}*" for p in f.drop_prefixes)
+    cases = []
+    if f.drop_prefixes:
+        cases.append("|".join(f"{p}*" for p in f.drop_prefixes) + ') unset "$n";; ')
     keep = "|".join([f"{p}*" for p in f.pass_prefixes] + list(f.pass_names))
-    return ('for n in $(compgen -e); do case "$n" in '
-            f'{drop}) unset "$n";; '
-            f'{keep}) export "{f.export_prefix}$n=${{!n}}";; '
-            'esac; done; exec "$@"')
+    if f.export_prefix:
+        cases.append(f'{keep}) export "{f.export_prefix}$n=${{!n}}";; ')
+    else:
+        cases.append(f"{keep}) ;; ")
+    if f.drop_rest:
+        cases.append("|".join(f.keep_host) + ") ;; " if f.keep_host else "")
+        cases.append('*) unset "$n";; ')
+    return 'for n in $(compgen -e); do case "$n" in ' + "".join(cases) + 'esac; done; exec "$@"'
 
 
 def wrapped_argv(cmd: ContainerCommand, argv: List[str]) -> List[str]:
-    """A step's argv inside the image: env filter (Apptainer), runtime, in-image ``env``, then the step."""
+    """A step's argv inside the image: env filter (if the runtime has one), runtime, in-image ``env``, the step."""
     head = ["bash", "-c", env_filter_program(cmd.env_filter), ENV_FILTER_ARGV0] if cmd.env_filter else []
     return head + list(cmd.prefix) + list(argv)
 

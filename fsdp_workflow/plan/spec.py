@@ -21,7 +21,6 @@ from fsdp_workflow.config.load import to_yaml
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
     ClusterKind,
-    ContainerRuntime,
     DataSource,
     Device,
     Launcher,
@@ -30,7 +29,7 @@ from fsdp_workflow.config.schema import (
     run_layout,
     world_size,
 )
-from fsdp_workflow.container import container_command, srun_container_args
+from fsdp_workflow.container import container_command, in_image, srun_container_args
 from fsdp_workflow.core.config_hash import config_sha256
 from fsdp_workflow.core.rundir import (
     CONSOLIDATE_SBATCH,
@@ -47,11 +46,6 @@ from fsdp_workflow.plan.jobs import Expand, LaunchPlan, SbatchJob
 from fsdp_workflow.plan.render import wrapped_argv
 
 Options = List[Tuple[str, Optional[str]]]
-
-
-def in_image(cfg: WorkflowConfig) -> bool:
-    """Whether the steps run inside a container image (then ``python`` is the image's own)."""
-    return cfg.container.runtime != ContainerRuntime.none
 
 
 def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
@@ -243,9 +237,9 @@ def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: 
 
     ``before``: commands the job runs first, each wrapped like ``argv`` (the EMA's consolidation).
     """
-    pyxis = srun_container_args(cfg, step)
-    # pyxis needs a step to attach the image to; otherwise run in the batch shell
-    as_step = (lambda a: ["srun", "--ntasks=1", *pyxis, *a]) if pyxis else list
+    attach = srun_container_args(cfg, step)
+    # a runtime that attaches the image to an srun step (pyxis) needs one; otherwise run in the batch shell
+    as_step = (lambda a: ["srun", "--ntasks=1", *attach, *a]) if attach else list
     return SbatchJob(
         role=role, script=script, options=_cpu_job_options(cfg, role),
         path_options={"output": str(layout.log_pattern(role))},

@@ -40,6 +40,8 @@ def option_overrides(group: str, option: str, tmp_path: Path) -> list:
         ("cluster", "slurm"): ["cluster.partition=debug"],
         ("container", "apptainer"): [f"container.image={image}"],
         ("container", "pyxis"): ["cluster=slurm", "cluster.partition=debug", "container.image=nvcr.io/nvidia/pytorch:25.01-py3"],
+        # an image directory; dry run: the run directory's bind destination is checked in the image (a warning then)
+        ("container", "charliecloud"): [f"container.image={tmp_path}", "dry_run=true"],
     }
     return [f"{group}={option}", *needs.get((group, option), [])]
 

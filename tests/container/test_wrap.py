@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.container import EnvFilter, bind_list, bind_paths, srun_container_args
+from fsdp_workflow.container import RUNTIMES, EnvFilter, bind_list, bind_paths, srun_container_args
 from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.plan.render import env_filter_program, render_all
 from fsdp_workflow.plan.spec import build_plan, wrap_argv
@@ -24,7 +24,8 @@ PASS_ENV_PROGRAM = env_filter_program(EnvFilter())
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"
 STRATEGIES = ["fsdp2", "fsdp1", "ddp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"]
-IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr.io#nvidia/pytorch:25.01-py3"}
+IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr.io#nvidia/pytorch:25.01-py3",
+          "charliecloud": "/images/fsdp_workflow"}
 STEPS = ["train", "consolidate", "evaluate"]
 
 
@@ -141,7 +142,7 @@ def test_binds_cover_every_config_path_once(tmp_path: Path) -> None:
     assert binds["checkpoint.resume"].read_only and not binds["run_dir"].read_only
     assert binds["consolidate.output_dir"].src == str(out)  # the step creates model/ itself
     assert binds["container.env.HF_HOME"].src == "/scratch/hf"
-    assert binds["container.binds[1]"].apptainer() == "/opt/site:/site:ro"
+    assert RUNTIMES["apptainer"].bind_arg(binds["container.binds[1]"]) == "/opt/site:/site:ro"
     assert "container.binds[0]" not in binds  # inside the run dir already
     assert len(bind_paths(cfg)) == len(set(bind_paths(cfg)))
 
