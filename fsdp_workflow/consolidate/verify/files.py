@@ -33,9 +33,15 @@ class Located:
     nbytes: int
 
 
-
 def read_header(path: Path) -> dict[str, Located]:
-    """Tensor locations from a safetensors file's JSON header, read directly."""
+    """Tensor locations from a safetensors file's JSON header, read directly (no safetensors import).
+
+    Args:
+        path: A ``*.safetensors`` file.
+
+    Returns:
+        Tensor name -> where its bytes are, with the dtype and shape the header declares.
+    """
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(n))
