@@ -73,7 +73,7 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert all(r["ema_loss"] != r["loss"] for r in records)
     # Each line is the evaluation job's own, whole record (docs/evaluation.md#evalsjsonl).
     assert all(set(r) == EVAL_RECORD_KEYS and r["seconds"] > 0 for r in records), records
-    assert {r["step"]: r["job_id"] for r in records} == {15: evals["eval-step-15"], 30: evals["eval-step-30"]}
+    assert {r["step"]: r["job_id"] for r in records} == {15: str(evals["eval-step-15"]), 30: str(evals["eval-step-30"])}
     assert all(r["perplexity"] == pytest.approx(math.exp(r["loss"]))
                and r["ema_perplexity"] == pytest.approx(math.exp(r["ema_loss"])) for r in records)
     assert records[0]["num_tokens"] == records[1]["num_tokens"] > 0  # the same held-out tokens at every step
