@@ -21,8 +21,8 @@ from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from .casting import CLI_DTYPES
 from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .options import check_options, out_exists_problem
-from .report import VerificationReport
 from .source import Selection, locate_source, open_source
+from .verify.schema import VerificationReport
 from .steps import (
     WriteSettings,
     commit_output,

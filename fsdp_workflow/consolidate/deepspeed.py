@@ -35,17 +35,36 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, TypedDict
 
 from fsdp_workflow.core.rundir import DEEPSPEED_LATEST
 from fsdp_workflow.core.safe_pickle import CorruptPickleError, FragmentAddress, UnsafePickleError, load_torch_file
 
 from .errors import ConsolidationError, UnsafeCheckpointError
 from .reader import Chunk, SourceTensor
-from .report import DeepSpeedReport, ModuleMatch
 
 if TYPE_CHECKING:
     from torch import Size, Tensor
+
+
+class ModuleMatch(TypedDict):
+    """ZeRO-1/2: how many rebuilt fp32 masters round exactly to the saved 16-bit module."""
+
+    matching: int
+    differing: list[str]
+
+
+# What verification.json records about one DeepSpeed source (a key starts with a digit,
+# hence the functional form).
+DeepSpeedReport = TypedDict("DeepSpeedReport", {
+    "zero_stage": int,
+    "world_size": int,
+    "tag": str,
+    "source": str,
+    "shared_params": Dict[str, str],
+    "16bit_module_matches_fp32": ModuleMatch,
+}, total=False)
+
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 _OPTIM_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")

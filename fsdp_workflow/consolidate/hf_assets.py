@@ -17,7 +17,7 @@ from fsdp_workflow.core.licences import licence_files
 
 from .errors import ConsolidationError
 from .keys import WRAPPER_CLASS_NAMES, fix_architecture
-from .report import JsonObject, JsonValue
+from .jsontypes import JsonObject, JsonValue
 
 # Files copied verbatim from the reference directory when present.
 ASSET_FILES = (
@@ -65,7 +65,7 @@ def fixed_architectures(config: JsonObject) -> tuple[list[str], list[str]]:
     """Return the de-prefixed ``architectures`` and notes about what changed.
 
     Wrapper class names (``FullyShardedDataParallel``, ``OptimizedModule``) cannot be fixed
-    from the name alone; they are resolved later from ``model_type`` (see verify.py).
+    from the name alone; they are resolved later from ``model_type`` (see verify/architecture.py).
     """
     raw = config.get("architectures")
     archs = [str(a) for a in raw] if isinstance(raw, list) else []

@@ -20,7 +20,7 @@ from .hf_assets import fixed_architectures, read_config
 from .layout import Resolved, resolve, step_of
 from .metadata import load_meta_pt
 from .reader import CheckpointSource, DcpCheckpoint
-from .report import JsonObject, PlainValue
+from .jsontypes import JsonObject, PlainValue
 
 log = logging.getLogger(__name__)
 

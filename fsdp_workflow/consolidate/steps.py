@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .arch_rules import ArchResult
 from .average import normalise_weights
 from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
@@ -38,16 +37,16 @@ from .card import base_model_dirs, find_run_dir, write_model_card
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .keys import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
-from .report import VerificationReport
 from .source import Source
-from .verify import ArchitectureCheck, compare_keys, from_pretrained_check
+from .verify.architecture import ArchitectureCheck, ArchResult, record_architecture, record_loading
+from .verify.schema import VerificationReport
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 from fsdp_workflow.core.logs import is_terminal
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from .check import Outcome, Verifier
+    from .verify.verifier import Outcome, Verifier
 
 INDEX_FILE = "model.safetensors.index.json"
 VERIFICATION_FILE = "verification.json"
@@ -167,7 +166,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
 
     The architecture check (with verification and a reference) and the tied-weight digests
     run in background threads during the copy; the comparison of each written tensor with
-    the checkpoint (:class:`~.check.Verifier`) runs beside the copy or after it
+    the checkpoint (:class:`~.verify.verifier.Verifier`) runs beside the copy or after it
     (:func:`_build_verifier`).
 
     Args:
@@ -232,7 +231,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
 
 
 def _build_verifier(source: Source, staging: Path, settings: WriteSettings) -> Verifier:
-    """Derive the expected output (:class:`~.check.Verifier`, a few milliseconds: no numpy) and pick its schedule.
+    """Derive the expected output (:class:`~.verify.verifier.Verifier`, a few milliseconds: no numpy) and pick its schedule.
 
     Where the machine has CPUs to spare (:data:`OVERLAP_MIN_CPUS`), each tensor is compared
     as soon as it is written; on fewer, the writer's threads keep every CPU busy and a
@@ -241,7 +240,7 @@ def _build_verifier(source: Source, staging: Path, settings: WriteSettings) -> V
     messages then only check where it wrote, and the comparisons start when the copy is
     done, one thread per CPU.
     """
-    from .check import Verifier
+    from .verify.verifier import Verifier
 
     cpus = os.cpu_count() or 1
     overlap = cpus >= OVERLAP_MIN_CPUS
@@ -300,7 +299,7 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
     """Check what was written and say so in a report (verification.json's content).
 
     With ``verify``: the files parse with safetensors and hold the keys, dtypes and shapes
-    the checkpoint declares, every tensor's values equal the source's (:mod:`.check`, which
+    the checkpoint declares, every tensor's values equal the source's (:mod:`.verify.verifier`, which
     derives the expected output from the checkpoint again instead of trusting ``plan``), the
     keys and shapes match the architecture in config.json, and (under
     ``from_pretrained_max_bytes``) transformers loads the result without complaint. Without
@@ -342,43 +341,14 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
             raise ConsolidationError("internal error: verification was asked for but the writer ran without it")
         report["tensors"], report["values"], report["files"] = outcome.tensors, outcome.values, outcome.files
         report["errors"] += outcome.errors
-        if _check_architecture(report, plan, written) and source.reference is not None:
-            _check_loading(report, plan, written, from_pretrained_max_bytes)
+        shapes = {t.name: t.shape for t in plan.tensors}
+        if record_architecture(report, written.architecture, shapes) and source.reference is not None:
+            record_loading(report, written.directory, written.architectures[0], plan.total_bytes,
+                           from_pretrained_max_bytes)
     if source.reference is None:
         report["notes"].append("no reference config.json found: wrote weights only, architecture checks skipped (pass --reference HF_DIR)")
     report["ok"] = not report["errors"]
     return report
-
-
-def _check_architecture(report: VerificationReport, plan: OutputPlan, written: Written) -> bool:
-    """Keys and shapes against config.json; True when they match (so loading is worth trying)."""
-    arch = written.architecture
-    if arch is None:
-        return False
-    report["architecture"] = {"name": arch.architecture, "resolves": arch.error is None, "notes": arch.notes}
-    if arch.error:
-        report["errors"].append(arch.error)
-        return False
-    keys = compare_keys(arch, {t.name: t.shape for t in plan.tensors})
-    report["keys"] = keys
-    if keys["missing"] or keys["unexpected"] or keys["shape_mismatch"]:
-        report["errors"].append(
-            "the checkpoint does not match the architecture in config.json: "
-            f"missing {keys['missing'][:5]}, unexpected {keys['unexpected'][:5]}, shape mismatch {keys['shape_mismatch'][:5]}"
-            " (is --reference the config this model was trained with?)"
-        )
-        return False
-    return True
-
-
-def _check_loading(report: VerificationReport, plan: OutputPlan, written: Written, max_bytes: int) -> None:
-    if plan.total_bytes > max_bytes:
-        report["from_pretrained"] = {"skipped": f"model is {plan.total_bytes} bytes, above the {max_bytes}-byte limit for a load test"}
-        return
-    loaded = from_pretrained_check(written.directory, written.architectures[0])
-    report["from_pretrained"] = loaded
-    if not loaded.get("ok"):
-        report["errors"].append(f"from_pretrained reported problems: {loaded}")
 
 
 def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source, *,

@@ -10,7 +10,7 @@ one ``pwrite``; the file calls release the GIL, so the threads keep every core b
 ``copy_file_range`` was measured slower here, even in whole-run calls (0.84-1.41 against
 0.70-1.08 CPU-seconds for 1.5 GB: a chunk's bytes are 64-byte aligned in its zip, not page
 aligned, so the kernel splices half pages), so it is not used. Memory stays at one slab per worker whatever
-the model size. Nothing here checks what was written: :mod:`.check` does, through a path
+the model size. Nothing here checks what was written: :mod:`.verify` does, through a path
 that shares none of this module's chunk placement. Each assembled slab is handed to
 ``on_slab`` before it is written (the NaN/inf scan of :mod:`.nonfinite`: the one pass that
 sees every byte in every verification mode).

@@ -1,24 +1,33 @@
 """Mean token loss and perplexity of a consolidated model on the run's held-out split.
 
-The held-out samples are the ones the trainer evaluates: the ``eval`` split of the
-prepared token cache (:func:`fsdp_workflow.train.data.open_sources`), packed
-documents with their labels and position ids. Only trained tokens count (prompt
-tokens, document starts and padding carry label -100), and attention stays
-inside each document, as in training.
+The held-out samples are the ones the trainer evaluates, read through the trainer's public
+face for this (:mod:`fsdp_workflow.train.heldout`): the ``eval`` split of the prepared token
+cache, packed documents with their labels and position ids. Only trained tokens count
+(prompt tokens, document starts and padding carry label -100), and attention stays inside
+each document, as in training.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional, TypedDict
 
 from fsdp_workflow.config.schema import WorkflowConfig
 
 MAX_EVAL_SAMPLES = 64  # held-out packed samples per evaluation, at most
+_MAX_EXP = 700.0  # exp() of more overflows a float; such a loss means "diverged" anyway
 
 
-def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Dict[str, float]]:
+class Measured(TypedDict):
+    """What one model scored on the held-out samples."""
+
+    loss: float  # mean loss per trained token
+    perplexity: float  # exp(loss)
+    num_tokens: int  # trained tokens measured
+
+
+def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Measured]:
     """Loss per trained token, perplexity and trained-token count on up to :data:`MAX_EVAL_SAMPLES` samples.
 
     Args:
@@ -35,11 +44,9 @@ def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Dict[str, float
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fsdp_workflow.data.tokenizer import load_tokenizer
-    from fsdp_workflow.train.data import open_sources, pad_token_id
-    from fsdp_workflow.train.model import loss_sum
+    from fsdp_workflow.train.heldout import IGNORE_INDEX, held_out_samples, token_loss_sum
 
-    _, held = open_sources(cfg, pad_token_id(load_tokenizer(cfg.model)))
+    held = held_out_samples(cfg)
     if held is None:
         return None
     n = min(getattr(held, "num_samples", None) or MAX_EVAL_SAMPLES, MAX_EVAL_SAMPLES)
@@ -54,9 +61,9 @@ def perplexity(model_dir: Path, cfg: WorkflowConfig) -> Optional[Dict[str, float
             # No attention mask and no cache: transformers then reads the document
             # boundaries from the restarting position ids.
             logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-            total += loss_sum(logits, labels).item()
-            count += int((labels[:, 1:] != -100).sum())
+            total += token_loss_sum(logits, labels).item()
+            count += int((labels[:, 1:] != IGNORE_INDEX).sum())
     if count == 0:
         return None
     mean = total / count
-    return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "num_tokens": count}
+    return {"loss": mean, "perplexity": math.exp(min(mean, _MAX_EXP)), "num_tokens": count}

@@ -74,7 +74,7 @@ def test_step_dir_and_sharded_output(trained, tmp_path):
 def test_architecture_cache_gives_the_same_verification(trained, tmp_path, monkeypatch):
     monkeypatch.setenv("FSDP_WORKFLOW_CACHE", str(tmp_path / "cache"))
     # Llama is answered by the torch-free config rules, which need no cache: take them away.
-    monkeypatch.setattr("fsdp_workflow.consolidate.arch_rules.FAMILIES", {})
+    monkeypatch.setattr("fsdp_workflow.consolidate.verify.architecture_rules.FAMILIES", {})
     run = trained / "llama"
     first = consolidate(run, tmp_path / "a", progress=False).verification
     second = consolidate(run, tmp_path / "b", progress=False).verification

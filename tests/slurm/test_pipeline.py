@@ -7,6 +7,7 @@ ranks, fits 2 CPUs and 8 GB) with the real trainer and consolidator.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -16,6 +17,8 @@ import pipeline_helpers as ph
 import slurm_utils as su
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
+EVAL_RECORD_KEYS = {"step", "status", "job_id", "seconds", "loss", "perplexity", "num_tokens", "ema_loss",
+                    "ema_perplexity"}
 
 
 def _assert_chain_completed(run_dir, ids):
@@ -68,6 +71,12 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert [(r["step"], r["status"]) for r in records] == [(15, "ok"), (30, "ok")], records
     assert all(1.0 < r["perplexity"] < 1e6 and 1.0 < r["ema_perplexity"] < 1e6 for r in records)
     assert all(r["ema_loss"] != r["loss"] for r in records)
+    # Each line is the evaluation job's own, whole record (docs/evaluation.md#evalsjsonl).
+    assert all(set(r) == EVAL_RECORD_KEYS and r["seconds"] > 0 for r in records), records
+    assert {r["step"]: r["job_id"] for r in records} == {15: str(evals["eval-step-15"]), 30: str(evals["eval-step-30"])}
+    assert all(r["perplexity"] == pytest.approx(math.exp(r["loss"]))
+               and r["ema_perplexity"] == pytest.approx(math.exp(r["ema_loss"])) for r in records)
+    assert records[0]["num_tokens"] == records[1]["num_tokens"] > 0  # the same held-out tokens at every step
     assert not any((run_dir / "evals" / "pending").iterdir())
 
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_workflow.consolidate import arch_rules
-from fsdp_workflow.consolidate.arch_rules import class_resolves, expected_from_rules
-from fsdp_workflow.consolidate.verify import _expected_from_config, cached_expected
+from fsdp_workflow.consolidate.verify import architecture_rules as arch_rules
+from fsdp_workflow.consolidate.verify.architecture import _expected_from_config, cached_expected
+from fsdp_workflow.consolidate.verify.architecture_rules import class_resolves, expected_from_rules
 
 BASE = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
 ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -143,7 +143,7 @@ def test_unsure_rule_falls_back_and_fallback_still_catches_bad_names(tmp_path, m
 def test_rule_path_imports_neither_torch_nor_transformers(tmp_path):
     cfg = {**BASE, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True}
     _write(tmp_path, cfg)
-    code = ("import sys; from pathlib import Path; from fsdp_workflow.consolidate.verify import cached_expected; "
+    code = ("import sys; from pathlib import Path; from fsdp_workflow.consolidate.verify.architecture import cached_expected; "
             f"r = cached_expected(Path({str(tmp_path)!r}), ['LlamaForCausalLM']); "
             "assert r.error is None and len(r.expected) == 21, r; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")

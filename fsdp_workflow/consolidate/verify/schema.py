@@ -1,4 +1,4 @@
-"""The shape of ``verification.json`` (and :attr:`ConsolidationResult.verification`).
+"""The shape of ``verification.json`` (and :attr:`~fsdp_workflow.consolidate.api.ConsolidationResult.verification`).
 
 The report is plain JSON, read back by ``status`` and by people, so it stays a dict at
 runtime; these TypedDicts name every key the steps write, so a misspelt key or a wrong
@@ -7,12 +7,10 @@ value type is a type error rather than a silently different file.
 
 from __future__ import annotations
 
-from typing import Dict, List, TypedDict, Union
+from typing import List, TypedDict, Union
 
-# A value json.loads can return: config.json and verification.json are made of these.
-JsonValue = Union[None, bool, int, float, str, List["JsonValue"], Dict[str, "JsonValue"]]
-JsonObject = Dict[str, JsonValue]
-PlainValue = Union[bool, int, float, str]
+from ..deepspeed import DeepSpeedReport
+from ..jsontypes import PlainValue
 
 
 # One written tensor: dtype, shape, the xxh3_128 of its bytes as read back from the file,
@@ -82,25 +80,6 @@ class FromPretrainedReport(TypedDict, total=False):
     error_msgs: list[str]
 
 
-class ModuleMatch(TypedDict):
-    """ZeRO-1/2: how many rebuilt fp32 masters round exactly to the saved 16-bit module."""
-
-    matching: int
-    differing: list[str]
-
-
-# What verification.json records about one DeepSpeed source (a key starts with a digit,
-# hence the functional form).
-DeepSpeedReport = TypedDict("DeepSpeedReport", {
-    "zero_stage": int,
-    "world_size": int,
-    "tag": str,
-    "source": str,
-    "shared_params": Dict[str, str],
-    "16bit_module_matches_fp32": ModuleMatch,
-}, total=False)
-
-
 class NonFiniteEntry(TypedDict):
     """NaN and +-inf values counted in one written tensor."""
 
@@ -109,7 +88,7 @@ class NonFiniteEntry(TypedDict):
 
 
 class NonFiniteReport(TypedDict):
-    """The NaN/inf scan of every written byte (:mod:`.nonfinite`); ``tensors`` is empty unless allowed."""
+    """The NaN/inf scan of every written byte (:mod:`fsdp_workflow.consolidate.nonfinite`); ``tensors`` is empty unless allowed."""
 
     scanned: str
     allowed: bool  # non-finite values were written on purpose (--allow-nonfinite)

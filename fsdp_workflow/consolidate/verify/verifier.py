@@ -1,9 +1,10 @@
-"""Verify the written model against the checkpoint, through a path that shares nothing with the writer.
+"""The verifier: the written model against the checkpoint, through a path that shares nothing with the writer.
 
-Everything is driven by :mod:`.expect` (names, dtypes, shapes and chunks read from the
+:class:`Verifier` is what the consolidation step holds while it writes. Everything it
+checks is driven by :mod:`.expected` (names, dtypes, shapes and chunks read from the
 checkpoint again) and by the output files themselves, never by the writer's plan:
 
-1. **Values** (:mod:`.compare`): every output tensor is read back at the offset its file's
+1. **Values** (:mod:`.values`): every output tensor is read back at the offset its file's
    header gives and compared with every source chunk, each placed by its box in the tensor.
    The writer reports each tensor it finished with the byte ranges it wrote, and any range
    outside the tensor's own region (by the header) is an error. On a machine with CPUs to
@@ -11,31 +12,30 @@ checkpoint again) and by the output files themselves, never by the writer's plan
    no later write can touch a tensor already compared); on a small one, where comparing
    beside the copy slowed the copy more than it saved, every tensor is compared once the
    copy is done. Tensors the writer never reported are compared at the end either way.
-2. **Files** (:func:`check_files`, at the end): every ``*.safetensors`` is opened with the
-   ``safetensors`` library (``safe_open(framework="numpy")``: headers, keys, dtypes and
-   shapes, no data loaded, no torch import), in a child process that runs beside the
-   comparisons (:mod:`.stprobe`: it keeps numpy's import off the busy CPUs); keys, dtypes,
-   shapes and ``__metadata__`` must be what the checkpoint declares, the header must be the
-   one the values were read through, and ``model.safetensors.index.json``'s weight map and
-   total size must match.
+2. **Files** (:mod:`.files`, at the end): the output as the ``safetensors`` library reads
+   it, in a child process that runs beside the comparisons (:mod:`.safetensors_probe`: it
+   keeps numpy's import off the busy CPUs), against what the checkpoint declares, plus the
+   index file.
+
+The result is an :class:`Outcome`: the problems found, and verification.json's
+``tensors`` and ``values`` entries (:mod:`.schema`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import SLAB_BYTES, SlabBuffers, TensorCheck, compare_tensor
-from .errors import ConsolidationError
-from .expect import ExpectedModel, expected_model
-from .metadata import dtype_info
-from .report import TensorEntry, ValuesReport
-from .source import Source
-from .stprobe import SafetensorsProbe
+from ..errors import ConsolidationError
+from ..source import Source
+from .expected import ExpectedModel, expected_model
+from .files import Located, check_files, read_header
+from .safetensors_probe import SafetensorsProbe
+from .schema import TensorEntry, ValuesReport
+from .values import SLAB_BYTES, SlabBuffers, TensorCheck, compare_tensor
 
 CHECKSUM = "xxh3_128"
 FAST_EVERY = 16  # fast mode: one slab in 16 (1/16 of the bytes) plus every chunk boundary (docs/consolidation.md)
@@ -46,17 +46,6 @@ _CHECKS = {
 }
 _READER = ("source chunks located with zipfile and placed by their boxes (numpy slicing where values are decoded), "
            "output read through its own safetensors header; nothing shared with the writer's plan or chunk arithmetic")
-
-
-@dataclass
-class Located:
-    """Where a tensor is in the output, as the file's own header says."""
-
-    file: str
-    offset: int  # absolute offset of the data
-    dtype: str  # safetensors code, e.g. BF16
-    shape: tuple[int, ...]
-    nbytes: int
 
 
 @dataclass
@@ -210,85 +199,3 @@ def _summary(results: dict[str, TensorCheck], notes: list[str], every: int = 1,
             "checks": {k: _CHECKS[k] for k in kinds}, "checksum": CHECKSUM,
             "chunks": sum(r.chunks for r in results.values()), "chunks_listed": sum(r.listed for r in results.values()),
             "reader": _READER, "notes": notes}
-
-
-def read_header(path: Path) -> dict[str, Located]:
-    """Tensor locations from a safetensors file's JSON header, read directly."""
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(n))
-    return {k: Located(path.name, 8 + n + int(v["data_offsets"][0]), v["dtype"], tuple(v["shape"]),
-                       int(v["data_offsets"][1]) - int(v["data_offsets"][0]))
-            for k, v in header.items() if k != "__metadata__"}
-
-
-def check_files(staging: Path, model: ExpectedModel, index_name: str,
-                probe: SafetensorsProbe | None = None) -> tuple[list[str], dict[str, Located]]:
-    """Parse every output file with safetensors and compare it with what the checkpoint declares.
-
-    Args:
-        staging: The written model.
-        model: What the checkpoint says the output holds.
-        index_name: The index file's name.
-        probe: ``safe_open`` already running on the files in a child process
-            (:class:`~.stprobe.SafetensorsProbe`); started here when not given.
-
-    Returns:
-        The problems found (empty when none), and where each tensor is.
-    """
-    errors: list[str] = []
-    files = sorted(p.name for p in staging.glob("*.safetensors"))
-    probe = probe or SafetensorsProbe([staging / n for n in files])
-    opened = probe.result()
-    located: dict[str, Located] = {}
-    sizes: dict[str, int] = {}
-    for name in files:
-        path = staging / name
-        seen = opened.get(str(path), {"error": "the safetensors child did not report this file"})
-        if "error" in seen:  # whatever safetensors refuses is the finding
-            errors.append(f"{name}: safetensors cannot open it: {seen['error']}")
-            continue
-        meta = seen["metadata"]
-        lib = {k: (dt, tuple(shape)) for k, (dt, shape) in seen["tensors"].items()}
-        if meta != {"format": "pt"}:
-            errors.append(f"{name}: __metadata__ is {meta}, expected {{'format': 'pt'}}")
-        header = read_header(path)
-        for key, (dt, shape) in lib.items():
-            entry = header[key]
-            if (entry.dtype, entry.shape) != (dt, shape):
-                errors.append(f"{name}: '{key}' is {entry.dtype}{list(entry.shape)} in the header, {dt}{list(shape)} in safetensors")
-            if key in located:
-                errors.append(f"'{key}' is in both {located[key].file} and {name}")
-            located[key] = entry
-            sizes[key] = entry.nbytes
-    want, got = set(model.tensors), set(located)
-    if want != got:
-        errors.append(f"output tensors differ from the checkpoint's: missing {sorted(want - got)[:5]}, "
-                      f"unexpected {sorted(got - want)[:5]}")
-    for key in sorted(want & got):
-        e, loc = model.tensors[key], located[key]
-        if (dtype_info(e.dtype)[0], tuple(e.shape)) != (loc.dtype, loc.shape):
-            errors.append(f"'{key}' is {loc.dtype}{list(loc.shape)} in {loc.file}, the checkpoint says "
-                          f"{dtype_info(e.dtype)[0]}{list(e.shape)}")
-    errors += _check_index(staging, files, located, sizes, index_name)
-    return errors, located
-
-
-def _check_index(staging: Path, files: list[str], located: dict[str, Located], sizes: dict[str, int],
-                 index_name: str) -> list[str]:
-    index = staging / index_name
-    if not index.is_file():
-        return [] if files == ["model.safetensors"] else [f"{len(files)} safetensors files {files[:3]} but no {index_name}"]
-    data = json.loads(index.read_text())
-    weight_map = data.get("weight_map", {})
-    errors = []
-    if weight_map != {k: v.file for k, v in located.items()}:
-        wrong = sorted(k for k in set(weight_map) | set(located)
-                       if k not in located or weight_map.get(k) != located[k].file)
-        errors.append(f"{index_name}: weight_map disagrees with the files for {wrong[:5]}")
-    total = data.get("metadata", {}).get("total_size")
-    if total != sum(sizes.values()):
-        errors.append(f"{index_name}: metadata.total_size is {total}, the files hold {sum(sizes.values())} tensor bytes")
-    return errors
-
-

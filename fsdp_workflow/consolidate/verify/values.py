@@ -3,7 +3,7 @@
 The output tensor is read back from its file in slabs, in order (so its checksum comes in the
 same pass), at the offset the file's own header gives. On each slab every source chunk that
 meets it is placed by its box, ``out[o0:o0+s0, o1:o1+s1, ...]``, from its bytes as
-:mod:`.expect` located them; no run arithmetic of the writer is used. Where the dtype is kept
+:mod:`.expected` located them; no run arithmetic of the writer is used. Where the dtype is kept
 the bytes must be equal: the box is walked as the contiguous runs it covers in the slab
 (:func:`region_runs`, tested against numpy slicing) and each run compared with ``memcmp``
 (through ctypes, which releases the GIL), so the default check imports neither numpy nor
@@ -28,8 +28,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .expect import Expected, OpenChunk, open_chunk
-from .metadata import dtype_info
+from ..metadata import dtype_info
+from .expected import Expected, OpenChunk, open_chunk
 
 SLAB_BYTES = 1 << 20  # output bytes per slab when bytes are compared (two buffers of this per thread)
 ROUND_SLAB_BYTES = 64 << 10  # smaller when values are decoded to float64 for the rounding check

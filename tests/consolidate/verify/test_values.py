@@ -1,4 +1,4 @@
-"""The verifier's placement of a chunk's box (``compare.region_runs``) against numpy's slicing.
+"""The verifier's placement of a chunk's box (``verify.values.region_runs``) against numpy's slicing.
 
 The default (bytes) comparison walks a chunk's box in the output slab as contiguous runs
 instead of numpy slicing (numpy's import was a large part of its cost); these tests hold the
@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from fsdp_workflow.consolidate.compare import SlabBuffers, _bytes_differ, region_runs
-from fsdp_workflow.consolidate.expect import OpenChunk, SrcChunk
+from fsdp_workflow.consolidate.verify.expected import OpenChunk, SrcChunk
+from fsdp_workflow.consolidate.verify.values import SlabBuffers, _bytes_differ, region_runs
 
 
 def _gather(box, starts, sizes):

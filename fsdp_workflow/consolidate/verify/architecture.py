@@ -1,8 +1,8 @@
-"""Checks against the architecture: expected keys and shapes, class name, loading.
+"""The architecture check: the written keys and shapes against the class config.json names, and loading it.
 
 :class:`ArchitectureCheck` runs in a background thread while the copy runs. For Llama,
 Mistral and Qwen2 causal LMs the expected keys come from config.json alone
-(:mod:`.arch_rules`, milliseconds, no torch); anything else, or any config the rules are
+(:mod:`.architecture_rules`, milliseconds, no torch); anything else, or any config the rules are
 unsure of, is instantiated with transformers on the meta device, which costs seconds of
 imports and is therefore cached.
 """
@@ -17,11 +17,12 @@ from typing import Literal
 
 from fsdp_workflow.core.rundir import atomic_write_text
 
-from .arch_rules import ArchResult, expected_from_rules
-from .hf_assets import needs_arch_from_model_type
-from .report import FromPretrainedReport, KeyReport
+from ..hf_assets import needs_arch_from_model_type
+from .architecture_rules import ArchResult, expected_from_rules
+from .schema import FromPretrainedReport, KeyReport, VerificationReport
 
-__all__ = ["ArchResult", "ArchitectureCheck", "cached_expected", "compare_keys", "from_pretrained_check"]
+__all__ = ["ArchResult", "ArchitectureCheck", "cached_expected", "compare_keys", "from_pretrained_check",
+           "record_architecture", "record_loading"]
 
 
 def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
@@ -78,7 +79,7 @@ def _cache_path(reference: Path, archs: list[str]) -> Path | None:
 
 
 def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
-    """Expected keys: from :mod:`.arch_rules` when sure, else :func:`_expected_from_config`.
+    """Expected keys: from :mod:`.architecture_rules` when sure, else :func:`_expected_from_config`.
 
     Instantiating the architecture costs seconds of imports; every checkpoint of a run
     shares one config, so that answer is remembered per (config.json, transformers, torch).
@@ -169,6 +170,55 @@ def from_pretrained_check(out_dir: Path, architecture: str) -> FromPretrainedRep
             report[key] = [str(x) for x in found]
             report["ok"] = False
     return report
+
+
+def record_architecture(report: VerificationReport, arch: ArchResult | None, written: dict[str, tuple[int, ...]]) -> bool:
+    """Record the architecture check in ``report`` (``architecture``, ``keys``, ``errors``).
+
+    Args:
+        report: verification.json's content, filled in place.
+        arch: The expected keys (:class:`ArchitectureCheck`'s result); None when the check did not run.
+        written: Name -> shape of every tensor written.
+
+    Returns:
+        True when the keys and shapes match config.json's class, so loading the model is worth trying.
+    """
+    if arch is None:
+        return False
+    report["architecture"] = {"name": arch.architecture, "resolves": arch.error is None, "notes": arch.notes}
+    if arch.error:
+        report["errors"].append(arch.error)
+        return False
+    keys = compare_keys(arch, written)
+    report["keys"] = keys
+    if keys["missing"] or keys["unexpected"] or keys["shape_mismatch"]:
+        report["errors"].append(
+            "the checkpoint does not match the architecture in config.json: "
+            f"missing {keys['missing'][:5]}, unexpected {keys['unexpected'][:5]}, shape mismatch {keys['shape_mismatch'][:5]}"
+            " (is --reference the config this model was trained with?)"
+        )
+        return False
+    return True
+
+
+def record_loading(report: VerificationReport, out_dir: Path, architecture: str, total_bytes: int,
+                   max_bytes: int) -> None:
+    """Load the written model with transformers (when under ``max_bytes``) and record it as ``from_pretrained``.
+
+    Args:
+        report: verification.json's content, filled in place (an error is added when loading complains).
+        out_dir: The written model directory.
+        architecture: The transformers class to load it with.
+        total_bytes: The model's size; above ``max_bytes`` the load is skipped, and the report says why.
+        max_bytes: The largest model worth loading (``consolidate(from_pretrained_max_bytes=...)``).
+    """
+    if total_bytes > max_bytes:
+        report["from_pretrained"] = {"skipped": f"model is {total_bytes} bytes, above the {max_bytes}-byte limit for a load test"}
+        return
+    loaded = from_pretrained_check(out_dir, architecture)
+    report["from_pretrained"] = loaded
+    if not loaded.get("ok"):
+        report["errors"].append(f"from_pretrained reported problems: {loaded}")
 
 
 # The lists in transformers' loading info that mean the output does not load cleanly.

@@ -8,7 +8,7 @@ paid on CPUs the copy keeps busy. A child that runs this file without ``site``
 (``python -S``, the parent's ``sys.path`` as ``PYTHONPATH``), started when the copy is done,
 does the import and the parsing on the CPU the comparison leaves free, and reports what
 safetensors says as JSON: the ``__metadata__``, and each tensor's dtype and shape. The parent
-compares that with the checkpoint (:func:`~.check.check_files`); the child reads nothing
+compares that with the checkpoint (:func:`~.files.check_files`); the child reads nothing
 else and judges nothing.
 
 The child is only a way to run the same code elsewhere: if it cannot start, exits with an

@@ -1,12 +1,12 @@
 """What the output should hold, derived from the checkpoint again, apart from the writer.
 
-The verifier (:mod:`.check`) must catch the writer's own mistakes: a chunk at the wrong
+The verifier (:mod:`.verifier`) must catch the writer's own mistakes: a chunk at the wrong
 place, a wrong rename, a cast applied to the wrong tensor. So nothing here comes from the
-writer's plan (:class:`~.writer.OutTensor`) or its chunk arithmetic (``reader.chunk_runs``,
+writer's plan (:class:`~fsdp_workflow.consolidate.writer.OutTensor`) or its chunk arithmetic (``reader.chunk_runs``,
 ``zipchunk.locate_chunk``):
 
 * tensor names: ``.metadata`` is read again and every key renamed by calling the key-hygiene
-  rule (:func:`~.keys.map_keys`) directly; the tied-embedding rule likewise;
+  rule (:func:`~fsdp_workflow.consolidate.keys.map_keys`) directly; the tied-embedding rule likewise;
 * chunks: every chunk ``.metadata`` lists (replicas too), with its storage item;
 * chunk bytes: each item's ``torch.save`` archive is opened with the standard library's
   :mod:`zipfile` over a window of the shard file, which finds ``data/<key>``; ``data.pkl``
@@ -16,7 +16,7 @@ writer's plan (:class:`~.writer.OutTensor`) or its chunk arithmetic (``reader.ch
   placement is still checked here.
 
 DeepSpeed sources have no ``.metadata``: their tensors are the fp32 masters rebuilt from the
-ZeRO partitions (:mod:`.deepspeed`), and the output is compared with that rebuild.
+ZeRO partitions (:mod:`fsdp_workflow.consolidate.deepspeed`), and the output is compared with that rebuild.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from pathlib import Path
 
 from fsdp_workflow.core.rundir import DCP_METADATA
 
-from .casting import FLOAT_NAMES
-from .errors import ConsolidationError
-from .keys import map_keys, tied_pair
-from .metadata import TensorRef, TensorStorageMetadata, dtype_info, load_dcp_metadata, restricted_loads
-from .reader import Chunk, DcpCheckpoint, _torch_load_chunk
-from .source import Source
+from ..casting import FLOAT_NAMES
+from ..errors import ConsolidationError
+from ..keys import map_keys, tied_pair
+from ..metadata import TensorRef, TensorStorageMetadata, dtype_info, load_dcp_metadata, restricted_loads
+from ..reader import Chunk, DcpCheckpoint, _torch_load_chunk
+from ..source import Source
 
 Box = tuple[int, ...]
 

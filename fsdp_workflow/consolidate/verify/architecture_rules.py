@@ -1,12 +1,12 @@
 """Expected keys and shapes of Llama-family models from config.json alone, without torch.
 
-The architecture check (:mod:`.verify`) instantiates the model named in config.json on the
+The architecture check (:mod:`.architecture`) instantiates the model named in config.json on the
 meta device, which needs torch + transformers imports that cost seconds, more than the
 copy itself. For the decoders users consolidate most (Llama, Mistral, Qwen2 ``*ForCausalLM``)
 every parameter name and shape is a pure function of a few config fields, so this module
 answers from the JSON in milliseconds. It answers only when it is sure: any model type,
 config key or value it does not recognise returns ``None`` with a reason, and the caller
-falls back to transformers. ``tests/consolidate/test_arch_rules.py`` compares these rules
+falls back to transformers. ``tests/consolidate/verify/test_architecture_rules.py`` compares these rules
 with transformers' own meta-device instantiation so they cannot drift silently.
 """
 
@@ -218,6 +218,6 @@ def expected_from_rules(config: dict[str, Any], archs: list[str], wrapper_archs:
     res = ArchResult(fam.architecture, exp, tied)
     if wrapper_archs:
         res.notes.append(f"architectures {archs} name a wrapper; resolved '{fam.architecture}' from model_type '{model_type}'")
-    res.notes.append(f"expected keys from the {model_type} config rules (arch_rules.py, no torch import); "
+    res.notes.append(f"expected keys from the {model_type} config rules (verify/architecture_rules.py, no torch import); "
                      f"'{fam.architecture}' found in transformers' modeling_{model_type}.py")
     return res, ""

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_workflow.consolidate import ConsolidationError, compare, consolidate, reader, steps, writer
+from fsdp_workflow.consolidate import ConsolidationError, consolidate, reader, steps, writer
 from fsdp_workflow.consolidate.__main__ import main
 from fsdp_workflow.consolidate.reader import DcpCheckpoint
-from fsdp_workflow.consolidate.rounding import badly_rounded, patterns
+from fsdp_workflow.consolidate.verify import values as value_check
+from fsdp_workflow.consolidate.verify.rounding import badly_rounded, patterns
 
-from . import layouts
-from .conftest import expected
+from .. import layouts
+from ..conftest import expected
 
 pytestmark = pytest.mark.slow
 
@@ -174,7 +175,7 @@ def test_transformed_chunks_are_placed_independently_and_say_so(trained, tmp_pat
 def test_fast_mode_samples_but_checks_every_chunk_boundary(trained, tmp_path, monkeypatch):
     """Default (fast) mode on tensors of many slabs: a boundary error is still caught; full mode reads every byte."""
     run = trained / "llama"
-    monkeypatch.setattr(compare, "SLAB_BYTES", 256)  # one row of down_proj: its 16-row chunks span 16 slabs each
+    monkeypatch.setattr(value_check, "SLAB_BYTES", 256)  # one row of down_proj: its 16-row chunks span 16 slabs each
     fast = consolidate(run, tmp_path / "fast", progress=False).verification
     entry = fast["tensors"][DOWN]
     assert fast["ok"] and fast["values"]["mode"].startswith("fast") and fast["values"]["bytes_compared_fraction"] < 1

@@ -1,6 +1,6 @@
 """Is every output value the correctly rounded source value? A check written apart from the cast.
 
-The writer casts with bit arithmetic (:mod:`.casting`: add a rounding bias, shift). This
+The writer casts with bit arithmetic (:mod:`fsdp_workflow.consolidate.casting`: add a rounding bias, shift). This
 module checks the result by the definition instead, so a wrong formula, a cast applied to
 the wrong tensor or values from the wrong place all show: for each element, with the
 source value ``x`` and the output value ``y`` both widened exactly to float64,

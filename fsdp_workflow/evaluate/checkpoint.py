@@ -1,0 +1,96 @@
+"""Evaluate one saved checkpoint: consolidate it in-process, measure held-out perplexity, clean up.
+
+With an EMA of the weights (``train.ema_decay``) a checkpoint holds two models under two
+key roots (:data:`~fsdp_workflow.core.rundir.MODEL_KEY`, :data:`~fsdp_workflow.core.rundir.EMA_KEY`):
+each is consolidated and measured on the same tokens. The consolidated models are
+temporary (one per checkpoint would fill the disk): they are removed whatever happens.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+from fsdp_workflow.consolidate import ConsolidationError, consolidate
+from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY
+from fsdp_workflow.train.heldout import DataError
+
+from .perplexity import Measured, perplexity
+from .record import FAILED, OK, SKIPPED, EvalRecord
+from .run import EvalRun
+
+_TAIL = 500  # characters of an error kept in the record
+
+
+def checkpoint_source(run: EvalRun, step: int) -> Optional[Path]:
+    """The hard-linked snapshot ``post_checkpoint.sh`` made (immune to pruning), else the checkpoint itself.
+
+    Args:
+        run: the run.
+        step: the checkpoint's step.
+
+    Returns:
+        The directory to consolidate, or None when both are gone.
+    """
+    for cand in (run.layout.eval_snapshot(step), run.layout.step_dir(step)):
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def evaluate_checkpoint(run: EvalRun, step: int, job_id: Optional[str] = None) -> EvalRecord:
+    """Consolidate ``step-STEP`` (and its EMA) under ``evals/``, measure each, remove them.
+
+    Args:
+        run: the run (config and layout).
+        step: the checkpoint's step.
+        job_id: the evaluation job's Slurm id, recorded as is.
+
+    Returns:
+        The record for ``evals.jsonl``: ``ok`` with the figures, ``skipped`` (checkpoint
+        pruned, no held-out data) or ``failed`` (consolidation failed, data not prepared),
+        with the reason. The snapshot the job read is removed afterwards.
+    """
+    layout, t0 = run.layout, time.time()
+    record: EvalRecord = {"step": step, "job_id": job_id}
+    src = checkpoint_source(run, step)
+    if src is None:
+        record.update(status=SKIPPED, reason=f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)")
+        return record
+    models: Dict[str, tuple[Path, Optional[str]]] = {"": (layout.eval_model(step), None)}
+    if run.cfg.train.ema_decay is not None:  # two models in one checkpoint: name each one's key root
+        models = {"": (layout.eval_model(step), MODEL_KEY), "ema_": (layout.eval_model_ema(step), EMA_KEY)}
+    results: Dict[str, Optional[Measured]] = {}
+    try:
+        reference = layout.hf_assets if (layout.hf_assets / "config.json").is_file() else None
+        for prefix, (out, subtree) in models.items():
+            if out.exists():
+                shutil.rmtree(out)  # left by an earlier attempt of this job
+            out.parent.mkdir(parents=True, exist_ok=True)
+            consolidate(src, out, max_shard_size=run.cfg.consolidate.max_shard_size, verify=False, progress=False,
+                        reference=reference, subtree=subtree)
+            results[prefix] = perplexity(out, run.cfg)
+            shutil.rmtree(out, ignore_errors=True)
+    except ConsolidationError as err:
+        record.update(status=FAILED, reason=f"consolidation failed: {str(err)[-_TAIL:]}")
+        return record
+    except DataError as err:
+        record.update(status=FAILED, reason=f"no held-out data to read: {str(err)[-_TAIL:]}")
+        return record
+    finally:
+        for out, _ in models.values():
+            shutil.rmtree(out, ignore_errors=True)
+        if src == layout.eval_snapshot(step):
+            shutil.rmtree(src, ignore_errors=True)
+    main = results[""]
+    if main is None:
+        record.update(status=SKIPPED, reason="no held-out data (data.eval_path / data.eval_fraction)")
+    else:
+        record.update(status=OK, loss=main["loss"], perplexity=main["perplexity"], num_tokens=main["num_tokens"])
+        ema = results.get("ema_")
+        if ema is not None:
+            record.update(ema_loss=ema["loss"], ema_perplexity=ema["perplexity"])
+    record["seconds"] = round(time.time() - t0, 2)
+    return record

@@ -1,0 +1,182 @@
+"""``python -m fsdp_workflow.evaluate RUN_DIR STEP`` on checkpoints of a real 2-rank run.
+
+One gloo FSDP2 run of the tiny Llama (module fixture ``run``: 4 steps, a checkpoint every 2,
+an EMA of the weights, 5% of the smoke corpus held out) gives real DCP checkpoints and a real
+token cache. Each figure evaluate reports is recomputed here on another path: the weights
+loaded from the checkpoint with DCP itself (no consolidator), the held-out split read from the
+cache (no trainer code), the loss summed with ``F.cross_entropy``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.data.open import open_cache
+from fsdp_workflow.evaluate.__main__ import main
+from fsdp_workflow.evaluate.checkpoint import evaluate_checkpoint
+from fsdp_workflow.evaluate.perplexity import MAX_EVAL_SAMPLES
+from fsdp_workflow.evaluate.run import RunNotReadable, open_run
+from tests.train.runner import launch, launch_env, log_text, make_run_dir
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 4, 2
+RUN = [f"train.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=0",
+       "train.ema_decay=0.5", "data.eval_fraction=0.05"]
+RECORD_KEYS = {"step", "status", "job_id", "loss", "perplexity", "num_tokens", "ema_loss", "ema_perplexity", "seconds"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = make_run_dir(tmp_path_factory.mktemp("evaluate") / "run", RUN)
+    proc = launch(run_dir)
+    assert proc.returncode == 0, log_text(run_dir)
+    return run_dir
+
+
+def _weights(run_dir: Path, step: int, root: str) -> dict[str, torch.Tensor]:
+    """The full tensors under ``root.`` of ``step-N``, read with DCP in this process, root stripped."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = str(RunDir.of(run_dir).step_dir(step))
+    md = FileSystemReader(path).read_metadata()
+    sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+          if k.startswith(root + ".") and hasattr(v, "size")}
+    dcp.load(sd, storage_reader=FileSystemReader(path), no_dist=True)
+    return {k[len(root) + 1:]: v for k, v in sd.items()}
+
+
+def _reference_loss(run_dir: Path, step: int, root: str) -> tuple[float, int]:
+    """Mean loss per trained held-out token of ``root``'s weights, and the token count, computed apart from evaluate."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    layout = RunDir.of(run_dir)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(layout.hf_assets))
+    missing, unexpected = model.load_state_dict(_weights(run_dir, step, root), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model = model.to(torch.bfloat16).eval()  # evaluate measures in bf16
+    held = open_cache(layout, pad_id=0).split("eval")  # padding carries no loss, and attends only to itself
+    assert held is not None and 0 < held.num_samples <= MAX_EVAL_SAMPLES  # so every sample is measured
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(held.num_samples):
+            s = held.sample(i)
+            ids, labels, pos = (torch.from_numpy(a).unsqueeze(0) for a in (s.input_ids, s.labels, s.position_ids))
+            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+            total += F.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="sum").item()
+            count += int((labels[0, 1:] != -100).sum())
+    return total / count, count
+
+
+def _evals(run_dir: Path) -> list[dict]:
+    path = RunDir.of(run_dir).evals_file
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_cli_appends_the_held_out_loss_of_the_model_and_of_its_ema(run: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.evaluate", str(run), str(STEPS)],
+                          env={**launch_env(run), "SLURM_JOB_ID": "4242"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert _evals(run)[-1] == printed  # the line it appended is the one it printed
+    assert set(printed) == RECORD_KEYS and printed["status"] == "ok" and printed["step"] == STEPS
+    assert printed["job_id"] == "4242" and printed["seconds"] > 0
+    loss, tokens = _reference_loss(run, STEPS, "model")
+    assert printed["num_tokens"] == tokens
+    assert printed["loss"] == pytest.approx(loss, rel=1e-4)
+    assert printed["perplexity"] == pytest.approx(math.exp(printed["loss"]))
+    ema_loss, _ = _reference_loss(run, STEPS, "ema")
+    assert printed["ema_loss"] == pytest.approx(ema_loss, rel=1e-4) and abs(printed["ema_loss"] - printed["loss"]) > 1e-4
+    assert printed["ema_perplexity"] == pytest.approx(math.exp(printed["ema_loss"]))
+    assert not RunDir.of(run).eval_model(STEPS).exists() and not RunDir.of(run).eval_model_ema(STEPS).exists()
+
+
+def test_the_snapshot_is_read_and_removed_the_checkpoint_kept(run: Path) -> None:
+    layout = RunDir.of(run)
+    snapshot = layout.eval_snapshot(EVERY)
+    shutil.copytree(layout.step_dir(EVERY), snapshot, copy_function=os.link)  # as post_checkpoint.sh
+    record = evaluate_checkpoint(open_run(run), EVERY)
+    assert record["status"] == "ok" and record["loss"] == pytest.approx(_reference_loss(run, EVERY, "model")[0], rel=1e-4)
+    assert not snapshot.exists() and layout.step_dir(EVERY).is_dir()
+
+
+def test_a_pruned_checkpoint_is_skipped_naming_it(run: Path) -> None:
+    before = len(_evals(run))
+    assert main([str(run), "99"]) == 0
+    [record] = _evals(run)[before:]
+    assert record["status"] == "skipped" and f"{RunDir.of(run).step_dir(99)} is gone" in record["reason"]
+    assert "loss" not in record
+
+
+def test_a_damaged_checkpoint_fails_with_exit_1_and_says_why(run: Path) -> None:
+    layout = RunDir.of(run)
+    bad = layout.step_dir(STEPS + 100)
+    shutil.copytree(layout.step_dir(STEPS), bad)
+    try:
+        shard = sorted(bad.glob("*.distcp"))[0]
+        shard.write_bytes(shard.read_bytes()[:64])  # cut short: the metadata points past its end
+        before = len(_evals(run))
+        assert main([str(run), str(STEPS + 100)]) == 1
+        [record] = _evals(run)[before:]
+        assert record["status"] == "failed" and record["reason"].startswith("consolidation failed: ")
+        assert shard.name in record["reason"]
+        assert not layout.eval_model(STEPS + 100).exists() and not layout.eval_model_ema(STEPS + 100).exists()
+    finally:
+        shutil.rmtree(bad)
+
+
+def test_a_run_without_held_out_data_is_skipped(run: Path, tmp_path: Path) -> None:
+    other = make_run_dir(tmp_path / "no held out", [*RUN, "data.eval_fraction=0"])
+    a, b = RunDir.of(run), RunDir.of(other)
+    shutil.copytree(a.hf_assets, b.hf_assets)
+    shutil.copytree(a.step_dir(STEPS), b.step_dir(STEPS))
+    assert main([str(other), str(STEPS)]) == 0
+    [record] = _evals(other)
+    assert record["status"] == "skipped" and "data.eval_fraction" in record["reason"]
+
+
+@pytest.mark.parametrize("argv, said", [(["RUN"], "required: step"), (["RUN", "x"], "'x' is not a step number"),
+                                        (["RUN", "-1"], "'-1' is not a step number")])
+def test_bad_arguments_exit_2_with_the_usage(argv: list[str], said: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [str(tmp_path) if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m fsdp_workflow.evaluate" in err and said in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_without_config_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path), "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'config.yaml'}: not found" in err and "run_dir=RUN_DIR" in err
+    assert list(tmp_path.iterdir()) == []  # no evals.jsonl
+
+
+def test_an_edited_config_the_schema_refuses_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("train:\n  max_stepz: 3\n")
+    with pytest.raises(RunNotReadable, match=r"config\.yaml: the config schema refuses it: .*max_stepz"):
+        open_run(tmp_path)
+
+
+def test_paths_hang_off_the_directory_given(run: Path, tmp_path: Path) -> None:
+    """The layout is built once, from RUN_DIR as given, with the config's log_dir / output_dir."""
+    ev = open_run(run)
+    assert ev.layout == RunDir.of(run, ev.cfg.cluster.log_dir, ev.cfg.consolidate.output_dir)
+    moved = tmp_path / "moved"  # its config.yaml still records the old run_dir
+    moved.mkdir()
+    shutil.copy2(RunDir.of(run).config, moved)
+    assert open_run(moved).layout.root == moved and open_run(moved).cfg.run_dir == str(run)
