@@ -6,6 +6,7 @@ a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
     core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__
                  ^----  data  <-  train ;  consolidate (config and core only)
                  ^----  evaluate (consolidate, train, data) ; status (core, config, data)
+    preflight (core, config, plan: the snapshot's hash), run in the training job before torchrun
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
     "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
+    "preflight": {"core", "config", "plan"},  # python -m fsdp_workflow.preflight: in the training job, one task per node
     "__init__": set(),
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"
