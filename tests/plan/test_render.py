@@ -37,7 +37,8 @@ def _fixed_interpreter(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
 
 
-VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"])}
+VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"]),
+            "smoke_no_preflight": ("smoke", ["cluster.preflight=false"])}
 
 # config.yaml can hold absolute paths of this checkout (smoke's tiny data), so its hash differs between
 # machines; golden files hold a placeholder and test_scripts_check_the_planned_config_hash checks the value.
@@ -52,7 +53,7 @@ def _mask_hash(text: str) -> str:
 def test_scripts_match_golden(variant: str) -> None:
     experiment, extra = VARIANTS.get(variant, (variant, []))
     scripts = render_all(build_plan(_cfg(experiment, f"/runs/{experiment}", *extra)))
-    if variant in VARIANTS:
+    if variant == "smoke_every_checkpoint":
         assert {"eval.sbatch", "post_checkpoint.sh"} <= set(scripts)
     for name, text in scripts.items():
         text = _mask_hash(text)
@@ -90,6 +91,19 @@ def test_multinode_launch_reads_node_rank_in_the_task() -> None:
     assert "localhost" not in (sbatch + node).replace("never localhost", "")
     assert "--kill-on-bad-exit=1" in sbatch
     assert "#SBATCH --signal=USR2@300" in sbatch
+
+
+def test_preflight_runs_before_the_training_step_and_a_key_turns_it_off() -> None:
+    """One task per node, in the training's environment, before torchrun; exit 66 names the cause."""
+    sbatch = render_all(build_plan(_cfg("llama8b_fft", "/runs/x")))["train.sbatch"]
+    pre = ("if ! srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 /opt/venv/bin/python -m fsdp_workflow.preflight "
+           "/runs/x --nodes=2 --processes-per-node=8 --device=cuda; then\n  JOB_CAUSE=preflight\n")
+    assert pre in sbatch
+    block = sbatch.split(pre)[1]
+    assert block.index("  exit 66\nfi\n") < block.index("STARTED=") < block.index("srun --kill-on-bad-exit=1")
+    assert sbatch.index("export MASTER_ADDR MASTER_PORT") < sbatch.index(pre)
+    off = render_all(build_plan(_cfg("llama8b_fft", "/runs/x", "cluster.preflight=false")))["train.sbatch"]
+    assert "preflight" not in off and "exit 66" not in off
 
 
 def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
