@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -46,18 +47,23 @@ def run_dir(tmp_path_factory) -> Path:
     return run
 
 
-def _two_nodes(run: Path, extra_env: Dict[str, str], port: int = 0) -> List[Tuple[int, str]]:
-    """Node 0 and node 1 of one step, as srun starts them; (exit code, stderr) of each."""
+def _two_nodes(run: Path, extra_env: Dict[str, str], port: int = 0,
+               node1_env: Dict[str, str] | None = None) -> List[Tuple[int, str]]:
+    """Node 0 and node 1 of one step, as srun starts them; (exit code, stderr) of each.
+
+    They start in the run directory's parent: ``python -m`` puts the working directory
+    first on ``sys.path``, and this checkout's package must not stand in for the snapshot.
+    """
     port = port or _free_port()
     procs = []
     for node in (0, 1):
         env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_NODEID": str(node), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONPATH": str(run / "code"),
-               "FSDP_WORKFLOW_TEST_PREFLIGHT_WAIT_S": "6", **extra_env}
+               "FSDP_WORKFLOW_TEST_PREFLIGHT_WAIT_S": "6", **extra_env, **((node1_env or {}) if node else {})}
         env.pop("SLURM_JOB_NODELIST", None)
         procs.append(subprocess.Popen([sys.executable, "-m", "fsdp_workflow.preflight", str(run), "--nodes=2",
                                        "--processes-per-node=1", "--device=cpu"],
-                                      env=env, stderr=subprocess.PIPE, text=True))
+                                      env=env, stderr=subprocess.PIPE, text=True, cwd=run.parent))
     return [(p.wait(timeout=240), p.stderr.read()) for p in procs]
 
 
@@ -91,6 +97,20 @@ def test_a_node_that_cannot_see_the_run_directory_is_named(run_dir: Path) -> Non
     assert "preflight failed on node 1: run directory: no facts from this node" in err0
     assert f"it cannot see the run directory {run_dir}" in err0
     assert "Fix: put the run directory on a filesystem every node mounts" in err0
+
+
+def test_a_node_that_imports_other_code_is_named(run_dir: Path, tmp_path: Path) -> None:
+    """No hook: node 1 finds another copy of the package first on its PYTHONPATH, edited after planning."""
+    other = tmp_path / "edited checkout"
+    shutil.copytree(run_dir / "code", other, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "fsdp_workflow" / "preflight.py", "a") as f:
+        f.write("# edited after the run was planned\n")
+    (rc0, err0), (rc1, err1) = _two_nodes(run_dir, {"SLURM_RESTART_COUNT": "4"},
+                                          node1_env={"PYTHONPATH": str(other)})
+    assert (rc0, rc1) == (EXIT_PREFLIGHT, EXIT_PREFLIGHT), err0 + err1
+    line = next(x for x in err0.splitlines() if "preflight failed on" in x)
+    assert f"node 1): code snapshot: it imports fsdp_workflow from {other / 'fsdp_workflow'} (sha256 " in line
+    assert "not the code snapshot planned for this run" in line
 
 
 def test_a_master_port_in_use_is_named(run_dir: Path) -> None:
