@@ -80,6 +80,7 @@ class Facts:
     master_ip: str  # what MASTER_ADDR resolves to here ("" when it does not)
     master_error: str = ""
     port_error: str = ""  # node 0 only: MASTER_PORT or MASTER_ADDR unusable on the master host
+    cwd: str = ""  # the task's working directory: ``python -m`` imports a package there first
 
 
 @dataclass
@@ -194,7 +195,7 @@ def local_facts(ctx: Context) -> Facts:
     if ctx.fault and ctx.fault[0] == "version":
         torch_version += "+test-other-version"
     facts = Facts(ctx.node_id, ctx.host, str(package), content_hash(package), torch_version, transformers,
-                  gpus, ip, master_error)
+                  gpus, ip, master_error, cwd=os.getcwd())
     if ctx.node_id == 0 and ip:
         facts.port_error = _port_error(ip, ctx.master_port)
     return facts
@@ -250,11 +251,14 @@ def compare(ctx: Context, found: Dict[int, Facts], planned_sha256: Optional[str]
     for i, f in sorted(found.items()):
         where = ctx.name(i, f.host)
         if planned_sha256 and f.code_sha256 != planned_sha256:
+            fix = (f"keep {RunDir(ctx.run_dir).code} as planned and keep PYTHONPATH in cluster.env_script from "
+                   "putting another copy first; or plan the run again (python -m fsdp_workflow ...)")
+            if f.cwd and Path(f.package).parent == Path(f.cwd):
+                fix = (f"the job's working directory {f.cwd} holds a copy of fsdp_workflow, and python -m imports "
+                       "it before the snapshot: submit from another directory, and leave that copy alone meanwhile")
             out.append(Problem(where, "code snapshot",
                                f"it imports fsdp_workflow from {f.package} (sha256 {f.code_sha256[:12]}), not the "
-                               f"code snapshot planned for this run (sha256 {planned_sha256[:12]})",
-                               f"keep {RunDir(ctx.run_dir).code} as planned and keep PYTHONPATH in cluster.env_script "
-                               "from putting another copy first; or plan the run again (python -m fsdp_workflow ...)"))
+                               f"code snapshot planned for this run (sha256 {planned_sha256[:12]})", fix))
         elif not planned_sha256 and ref is not None and f.code_sha256 != ref.code_sha256:
             out.append(Problem(where, "same code", f"its fsdp_workflow ({f.package}, sha256 {f.code_sha256[:12]}) differs "
                                f"from {ctx.name(ref.node_id, ref.host)}'s ({ref.package}, sha256 "

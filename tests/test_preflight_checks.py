@@ -48,7 +48,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def _two_nodes(run: Path, extra_env: Dict[str, str], port: int = 0,
-               node1_env: Dict[str, str] | None = None) -> List[Tuple[int, str]]:
+               node1_env: Dict[str, str] | None = None, node1_cwd: Path | None = None) -> List[Tuple[int, str]]:
     """Node 0 and node 1 of one step, as srun starts them; (exit code, stderr) of each.
 
     They start in the run directory's parent: ``python -m`` puts the working directory
@@ -63,7 +63,8 @@ def _two_nodes(run: Path, extra_env: Dict[str, str], port: int = 0,
         env.pop("SLURM_JOB_NODELIST", None)
         procs.append(subprocess.Popen([sys.executable, "-m", "fsdp_workflow.preflight", str(run), "--nodes=2",
                                        "--processes-per-node=1", "--device=cpu"],
-                                      env=env, stderr=subprocess.PIPE, text=True, cwd=run.parent))
+                                      env=env, stderr=subprocess.PIPE, text=True,
+                                      cwd=node1_cwd if node and node1_cwd else run.parent))
     return [(p.wait(timeout=240), p.stderr.read()) for p in procs]
 
 
@@ -99,18 +100,26 @@ def test_a_node_that_cannot_see_the_run_directory_is_named(run_dir: Path) -> Non
     assert "Fix: put the run directory on a filesystem every node mounts" in err0
 
 
-def test_a_node_that_imports_other_code_is_named(run_dir: Path, tmp_path: Path) -> None:
-    """No hook: node 1 finds another copy of the package first on its PYTHONPATH, edited after planning."""
+@pytest.mark.parametrize("route", ["PYTHONPATH", "working directory"])
+def test_a_node_that_imports_other_code_is_named(run_dir: Path, tmp_path: Path, route: str) -> None:
+    """No hook: node 1 imports an edited copy of the package, found first on its PYTHONPATH, or in its working
+    directory (``python -m`` puts it first: a job submitted from the checkout the user then edits)."""
     other = tmp_path / "edited checkout"
     shutil.copytree(run_dir / "code", other, ignore=shutil.ignore_patterns("__pycache__"))
     with open(other / "fsdp_workflow" / "preflight.py", "a") as f:
         f.write("# edited after the run was planned\n")
-    (rc0, err0), (rc1, err1) = _two_nodes(run_dir, {"SLURM_RESTART_COUNT": "4"},
-                                          node1_env={"PYTHONPATH": str(other)})
+    restart = {"PYTHONPATH": "4", "working directory": "5"}[route]
+    if route == "PYTHONPATH":
+        results = _two_nodes(run_dir, {"SLURM_RESTART_COUNT": restart}, node1_env={"PYTHONPATH": str(other)})
+    else:
+        results = _two_nodes(run_dir, {"SLURM_RESTART_COUNT": restart}, node1_cwd=other)
+    (rc0, err0), (rc1, err1) = results
     assert (rc0, rc1) == (EXIT_PREFLIGHT, EXIT_PREFLIGHT), err0 + err1
     line = next(x for x in err0.splitlines() if "preflight failed on" in x)
     assert f"node 1): code snapshot: it imports fsdp_workflow from {other / 'fsdp_workflow'} (sha256 " in line
     assert "not the code snapshot planned for this run" in line
+    cwd_fix = f"Fix: the job's working directory {other} holds a copy of fsdp_workflow"
+    assert (cwd_fix in line) == (route == "working directory"), line
 
 
 def test_a_master_port_in_use_is_named(run_dir: Path) -> None:
