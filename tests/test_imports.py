@@ -6,6 +6,7 @@ a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
     core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
                  ^----  data  <-  train ;  consolidate (config and core only)
                  ^----  evaluate (consolidate, train, data) ; status (core, config, data)
+    preflight (core, config, plan: the snapshot's hash), run in the training job before torchrun
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
     "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
     "api": {"core", "config", "plan", "launch"},  # fsdp_workflow.submit: the CLI's path, as a function
+    "preflight": {"core", "config", "plan"},  # python -m fsdp_workflow.preflight: in the training job, one task per node
     "__init__": {"api"},  # only the lazy re-export of the Python API
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"

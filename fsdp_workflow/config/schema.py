@@ -360,6 +360,10 @@ class ClusterConfig:
     # false: submit without reading them (a site where these commands are restricted); pending reasons that
     # mean "never" are still read right after submitting.
     check_limits: bool = True
+    # Before torchrun starts, one task per node of the training job checks the run directory, the code and
+    # torch/transformers versions, the GPUs, the master address and port, and a tiny all-reduce (seconds;
+    # docs/slurm.md, "Preflight"). A failure ends the job with exit 66, naming the node. false: not rendered.
+    preflight: bool = True
     # Slurm: consolidation job (CPU only)
     consolidate_partition: Optional[str] = None  # None: partition
     consolidate_time_min: int = bounded(60, ge=1)

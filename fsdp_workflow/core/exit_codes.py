@@ -10,6 +10,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected error: a traceback was printed
 EXIT_USAGE = 2  # bad config or arguments: a message naming the key was printed, nothing ran
 EXIT_NONFINITE = 65  # EX_DATAERR: NaN/inf in the loss or grad norm (last good checkpoint kept) or in weights to consolidate
+EXIT_PREFLIGHT = 66  # the training job's preflight found a node that cannot run it (log: the node, the check, the fix)
 EXIT_DISK_FULL = 74  # EX_IOERR: a save hit ENOSPC/EDQUOT; the previous checkpoint is intact, free space and resubmit
 # The errnos that mean "disk full" (EDQUOT: over a quota), for every stage that writes big files.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -25,6 +26,7 @@ MEANINGS = {
     EXIT_FAILURE: "failed (see the traceback in the log)",
     EXIT_USAGE: "refused: bad config or arguments",
     EXIT_NONFINITE: "non-finite values: the loss or gradient norm became NaN/inf (the last good checkpoint is kept), or consolidation found NaN/inf weights",
+    EXIT_PREFLIGHT: "preflight failed: a node of the allocation cannot run the training (the log names the node, the check and the fix); nothing was trained",
     EXIT_DISK_FULL: "disk full during a save; the previous checkpoint is intact",
     EXIT_REQUEUE: "preempted after a checkpoint; requeue",
     EXIT_PEER_TIMEOUT: "a rank stopped answering; a collective timed out",

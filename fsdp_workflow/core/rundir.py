@@ -25,6 +25,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       metrics.jsonl  train_exit.json  .requeue  .cache/
       job_exits/<role>-<id>.json                              every job's exit record (code, cause), written by its script
       .lock                                                   one holder at a time (core/lock.py): planner, launcher, rank 0
+      .preflight/<job id>.<restart>/node-I.json               each node's facts for the training job's preflight (kept on failure)
 
 A sweep (``python -m fsdp_workflow -m ...``) puts one run directory per point in
 its sweep directory, beside ``sweep.json``, the index of the points.
@@ -62,6 +63,7 @@ RUN_LOCK_FILE = ".lock"  # flock'd by the planner while it writes, the local lau
 DATA_CACHE_DIR = "data_cache"  # tokenised, packed data (unless data.cache_dir names a shared one)
 DATA_POINTER_FILE = "data.json"  # which cache this run trains on, written by the prepare step
 JOB_EXITS_DIR = "job_exits"  # <role>-<job id>.json: each job's exit code and cause, written by its batch script
+PREFLIGHT_DIR = ".preflight"  # <job id>.<restart>/node-I.json: each node's facts (fsdp_workflow.preflight)
 HF_MODEL_STAGING_GLOB = ".*.tmp-*"  # beside the model: a consolidation's staging directory (.hf_model.tmp-<pid>)
 
 PREPARE_SBATCH = "prepare.sbatch"
@@ -255,6 +257,10 @@ class RunDir:
         """The exit record of job ``job_id`` (an evaluation, ``eval-step-N``, records as ``eval``)."""
         base = role.split("-")[0] if role.startswith("eval") else role
         return self.job_exits / f"{base}-{job_id}.json"
+
+    def preflight(self, job_id: str, restart: int = 0) -> Path:
+        """Where the nodes of one run of training job ``job_id`` leave their preflight facts (``node-I.json``)."""
+        return self.root / PREFLIGHT_DIR / f"{job_id}.{int(restart)}"
 
     def script(self, name: str) -> Path:
         """A rendered script (``train.sbatch``, ``submit.sh``...) by file name."""

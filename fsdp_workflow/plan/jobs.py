@@ -94,6 +94,8 @@ class LaunchPlan:
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
         code_dir: ``RUN_DIR/code`` when ``cluster.code_snapshot`` is on (:mod:`fsdp_workflow.plan.snapshot`).
         config_sha256: the hash of the ``config.yaml`` planning writes; each job refuses another file.
+        preflight_argv: the training job's preflight step (``srun`` one task per node running
+            ``python -m fsdp_workflow.preflight``), wrapped for the container; empty with ``cluster.preflight=false``.
         python_dir: where the interpreter that planned lives; jobs run it by absolute path and find
             ``torchrun``/``accelerate`` beside it, so a fresh login shell submits the same environment.
     """
@@ -117,6 +119,7 @@ class LaunchPlan:
     config_sha256: str = ""  # sha256 of config.yaml as planned: every job checks it first (core.config_hash)
     python_dir: Optional[str] = None  # the planning interpreter's directory, first on PATH (None: in an image)
     max_steps: int = 0  # train.max_steps: submit.sh tells a finished run from one to continue
+    preflight_argv: List[str] = field(default_factory=list)  # run before the training step (cluster.preflight)
 
     @property
     def run_dir(self) -> Path:

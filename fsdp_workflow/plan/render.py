@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Mapping, Sequence
 from fsdp_workflow.container.base import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
-from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
 from fsdp_workflow.core.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -304,6 +304,30 @@ def requeue_guard_lines() -> List[str]:
     ]
 
 
+PREFLIGHT_CAUSE = "preflight"  # the exit record's cause when the preflight step failed
+
+
+def preflight_lines(plan: LaunchPlan) -> List[str]:
+    """Before the training step: one task per node checks the allocation (:mod:`fsdp_workflow.preflight`).
+
+    A failure ends the job with exit 66 before any rank starts; the consolidation job,
+    ``afterok`` on this one, is then cancelled by Slurm (``--kill-on-invalid-dep``).
+    Nothing is rendered with ``cluster.preflight=false``.
+    """
+    if not plan.preflight_argv:
+        return []
+    return [
+        "# Preflight (cluster.preflight): every node sees RUN_DIR, runs the planned code and the same torch and",
+        "# transformers, has its GPUs, reaches the master address and port, and joins a tiny all-reduce (seconds).",
+        "if ! " + shell_join(plan.preflight_argv) + "; then",
+        f"  JOB_CAUSE={PREFLIGHT_CAUSE}",
+        '  echo "[fsdp_workflow] train job $SLURM_JOB_ID: preflight failed (the lines above name the node, the check '
+        'and the fix); nothing was trained. To skip the checks: cluster.preflight=false" >&2',
+        f"  exit {EXIT_PREFLIGHT}",
+        "fi",
+    ]
+
+
 # ---------------------------------------------------------------- scripts
 def render_train_node(plan: LaunchPlan) -> str:
     """What one task per node runs: load launch.env, then start this node's ranks."""
@@ -341,6 +365,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         *rendezvous_lines(plan),
         'echo "[fsdp_workflow] train job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}/'
         '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
+        *preflight_lines(plan),
         "STARTED=$(date +%s)",
         shell_join(job.step_argv),
         *requeue_lines(),

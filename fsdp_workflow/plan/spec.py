@@ -231,6 +231,20 @@ def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
     )
 
 
+def preflight_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
+    """The training job's preflight step: one task per node, in the training's image (``cluster.preflight``).
+
+    No ``--kill-on-bad-exit``: every node gets to say what it found (:mod:`fsdp_workflow.preflight`).
+    """
+    c = cfg.cluster
+    if not c.preflight:
+        return []
+    argv = ["python", "-m", "fsdp_workflow.preflight", str(layout.root), f"--nodes={c.nodes}",
+            f"--processes-per-node={c.processes_per_node}", f"--device={c.device.value}"]
+    return ["srun", f"--nodes={c.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+            *srun_container_args(cfg, "train"), *wrap_argv(cfg, argv, "train")]
+
+
 def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
              after: Optional[str] = None, before: Optional[List[List[str]]] = None) -> SbatchJob:
     """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources.
@@ -305,6 +319,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         config_sha256=config_sha256(to_yaml(cfg)),
         python_dir=None if in_image(cfg) else os.path.dirname(sys.executable),
         max_steps=cfg.train.max_steps,
+        preflight_argv=preflight_argv(cfg, layout),
     )
 
 

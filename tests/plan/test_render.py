@@ -39,7 +39,8 @@ def _fixed_interpreter(monkeypatch):
 
 VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"]),
             # a container runtime's wrapping in every script (llama8b_fft: its paths are the same on every machine)
-            "llama8b_fft_charliecloud": ("llama8b_fft", ["container=charliecloud", "container.image=/images/fsdp_workflow"])}
+            "llama8b_fft_charliecloud": ("llama8b_fft", ["container=charliecloud", "container.image=/images/fsdp_workflow"]),
+            "smoke_no_preflight": ("smoke", ["cluster.preflight=false"])}
 
 # config.yaml can hold absolute paths of this checkout (smoke's tiny data), so its hash differs between
 # machines; golden files hold a placeholder and test_scripts_check_the_planned_config_hash checks the value.
@@ -92,6 +93,19 @@ def test_multinode_launch_reads_node_rank_in_the_task() -> None:
     assert "localhost" not in (sbatch + node).replace("never localhost", "")
     assert "--kill-on-bad-exit=1" in sbatch
     assert "#SBATCH --signal=USR2@300" in sbatch
+
+
+def test_preflight_runs_before_the_training_step_and_a_key_turns_it_off() -> None:
+    """One task per node, in the training's environment, before torchrun; exit 66 names the cause."""
+    sbatch = render_all(build_plan(_cfg("llama8b_fft", "/runs/x")))["train.sbatch"]
+    pre = ("if ! srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 /opt/venv/bin/python -m fsdp_workflow.preflight "
+           "/runs/x --nodes=2 --processes-per-node=8 --device=cuda; then\n  JOB_CAUSE=preflight\n")
+    assert pre in sbatch
+    block = sbatch.split(pre)[1]
+    assert block.index("  exit 66\nfi\n") < block.index("STARTED=") < block.index("srun --kill-on-bad-exit=1")
+    assert sbatch.index("export MASTER_ADDR MASTER_PORT") < sbatch.index(pre)
+    off = render_all(build_plan(_cfg("llama8b_fft", "/runs/x", "cluster.preflight=false")))["train.sbatch"]
+    assert "preflight" not in off and "exit 66" not in off
 
 
 def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
