@@ -238,6 +238,7 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     env["MASTER_PORT"] = str(free_port())
     if plan.code_dir is not None:  # the code as planned (cluster.code_snapshot), as the Slurm jobs run it
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plan.code_dir), env.get("PYTHONPATH")]))
+        env["PYTHONSAFEPATH"] = "1"  # not the working directory's copy first (see plan.render.site_env_lines)
     env.update(plan.nccl_env)
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.

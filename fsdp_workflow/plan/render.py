@@ -189,6 +189,9 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
     if plan.code_dir is not None:
         lines.append(f"export PYTHONPATH={shlex.quote(str(plan.code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"
                      "  # the code as submitted (cluster.code_snapshot)")
+        # `python -m` (and torchrun's ranks) put the working directory first on sys.path: a job submitted
+        # from the checkout would import the checkout, edited since, instead of the snapshot (Python >= 3.11).
+        lines.append("export PYTHONSAFEPATH=1")
     return lines
 
 

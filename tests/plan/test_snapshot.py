@@ -62,6 +62,26 @@ def test_every_job_script_and_the_container_put_the_snapshot_first(weird_dir: Pa
     assert explicit_env(cfg)["PYTHONPATH"] == str(line)
 
 
+def test_a_job_started_in_a_checkout_imports_the_snapshot_not_the_checkout(tmp_path: Path) -> None:
+    """`python -m` puts the working directory first: a job submitted from an edited checkout must not import it."""
+    from fsdp_workflow.plan.render import site_env_lines
+
+    run = tmp_path / "run"
+    plan = write_run_dir(compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
+                                  f"run_dir={run}"]))
+    checkout = tmp_path / "checkout"
+    (checkout / "fsdp_workflow").mkdir(parents=True)  # the submit directory holds an edited copy of the package
+    (checkout / "fsdp_workflow" / "__init__.py").write_text("raise SystemExit('imported the checkout')\n")
+    probe = "import fsdp_workflow.core.exit_codes as m; print(m.__file__)"
+    script = "\n".join([*site_env_lines(plan), f"cd {checkout}", "python -m fsdp_workflow.core.exit_codes",
+                        f"python -c '{probe}'"])
+    got = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=checkout)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == str(plan.layout.code / "fsdp_workflow" / "core" / "exit_codes.py")
+    assert explicit_env(compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
+                                 f"run_dir={run}"]))["PYTHONSAFEPATH"] == "1"
+
+
 def test_opting_out_writes_no_snapshot_and_no_pythonpath(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}",
