@@ -198,8 +198,7 @@ class RunRecord:
             return None, f"{path}: not YAML ({' '.join(str(err).split())})"
         except (OmegaConfBaseException, ConfigError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            return None, (f"{path}: does not load as this version's config ({first}); "
-                          "check it with: python -m fsdp_workflow.check RUN_DIR")
+            return None, f"{path}: does not load as this version's config ({first})"
 
     @property
     def config(self) -> Optional["WorkflowConfig"]:

@@ -1,35 +1,49 @@
-"""``README.md``: a Hugging Face model card for the consolidated model.
+"""``README.md``: a Hugging Face model card for a consolidated model, written by the report stage.
+
+The consolidator writes weights and verification only; the consolidation job then runs
+
+    python -m fsdp_workflow.report.card MODEL_DIR [MODEL_DIR...] --run-dir RUN_DIR
+
+with both paths rendered by the plan (never guessed from where the checkpoint sits).
+Without ``--run-dir`` (a model consolidated from another tool's checkpoint) the card says
+the training facts are unknown.
 
 The card follows the Hub's conventions (https://huggingface.co/docs/hub/model-cards): YAML
-front matter (``base_model``, ``library_name``, ``pipeline_tag``, ``license``, ``tags``),
-then Markdown. Its facts come from the run directory when the checkpoint sits in one
-(``config.yaml``, ``metrics.jsonl``, ``evals.jsonl``, ``provenance.json``, read as plain
-YAML/JSON), from the reference ``config.json``, from the base model's own ``README.md``
-front matter and from the licence files copied beside the weights. A fact that cannot be
-read is left out or says "unknown"; nothing is estimated, and a card that cannot be
-written never fails a consolidation (:func:`write_model_card` returns a note instead).
-``loss_curve.png`` (:func:`write_loss_curve`), drawn beside it when the run logged a loss, is
-linked from the Training section.
+front matter (``base_model``, ``library_name``, ``pipeline_tag``, ``license``, ``datasets``,
+``tags``), then Markdown. Its facts come from the run record
+(:class:`~fsdp_workflow.config.record.RunRecord`: typed config, provenance, metrics and
+evals series, the data cache's sources), from the model's ``verification.json`` and
+``config.json``, the base model's own ``README.md`` front matter and the licence files
+beside the weights. A fact that cannot be read is left out or says "unknown"; nothing is
+estimated. ``loss_curve.png``, drawn by the same function as ``status --plot``
+(:func:`fsdp_workflow.report.plot.write_png`, with labelled axes), is linked from the
+Training section. A card that cannot be written never fails the job: the command prints
+a note and exits 0 (exit 2 only for arguments that name no model or no run).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_workflow.core.curves import read_series
-from fsdp_workflow.core.pngplot import loss_png
-from fsdp_workflow.core.rundir import RunDir
-
-from .hf_assets import CARD_FILE, licence_files, licence_metadata
-from .layout import step_of
-from .nonfinite import describe as describe_nonfinite
+from fsdp_workflow.config.record import VERIFICATION_FILE, RunRecord, StepRecords, open_run, read_json_object
+from fsdp_workflow.config.schema import DataSource, ModelInit, WorkflowConfig
+from fsdp_workflow.consolidate.hf_assets import CARD_FILE, copy_licenses, licence_files, licence_metadata
+from fsdp_workflow.consolidate.layout import step_of
+from fsdp_workflow.consolidate.nonfinite import describe as describe_nonfinite
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.rundir import CONFIG_FILE, atomic_write_text
+from fsdp_workflow.report.curves import series_of
+from fsdp_workflow.report.plot import write_png
+from fsdp_workflow.report.sources import source_lines
 
 TAGS = ["fsdp_workflow"]
 CURVE_FILE = "loss_curve.png"  # beside README.md, drawn from metrics.jsonl
@@ -41,160 +55,130 @@ _REPO_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 @dataclass
 class RunFacts:
-    """What a project run directory says about the training behind the consolidated step(s)."""
+    """What a run's record says about the training behind the consolidated step(s)."""
 
     run_dir: Path
-    config: dict[str, Any]  # config.yaml as plain YAML ({} when unreadable)
+    config: WorkflowConfig | None  # None when config.yaml does not load (the card then says less)
     steps: list[int]  # the consolidated steps (several when averaging)
     final_loss: float | None = None  # training loss logged at the last consolidated step
     trained_tokens: int | None = None  # loss-bearing tokens of steps 1..N (None unless every step is logged)
     steps_logged: int = 0  # how many of steps 1..N metrics.jsonl records
     eval_loss: tuple[int, float] | None = None  # (step, held-out loss) logged during training, at or before N
-    held_out: dict[str, Any] | None = None  # evals.jsonl's ``ok`` line for step N
+    held_out: dict[str, Any] | None = None  # evals.jsonl's ``ok`` record for step N
     provenance: dict[str, Any] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # one line per data source (report.sources)
 
 
-def find_run_dir(checkpoint_dirs: Sequence[Path]) -> Path | None:
-    """The project run directory the (last) checkpoint belongs to, if it sits in one.
-
-    A run directory is a directory with ``config.yaml`` whose ``checkpoints/`` (or
-    ``evals/``, for an evaluation's snapshot) holds the checkpoint.
-
-    Args:
-        checkpoint_dirs: The consolidated checkpoint directories (``Source.dirs``).
-
-    Returns:
-        The run directory, or None for checkpoints of other tools or moved out of a run.
-    """
-    if not checkpoint_dirs:
-        return None
-    ckpt = Path(checkpoint_dirs[-1]).absolute()
-    for parent in list(ckpt.parents)[:4]:
-        run = RunDir(parent)
-        if run.config.is_file() and any(_inside(ckpt, d) for d in (run.checkpoints, run.evals)):
-            return run.root
-    return None
+def consolidated_steps(source_dirs: Sequence[Path]) -> list[int]:
+    """The steps of the checkpoint directories a model came from (``step-N``, ``checkpoint-N``...)."""
+    return sorted(s for s in (step_of(Path(d).name) for d in source_dirs) if s is not None)
 
 
-def base_model_dirs(reference: Path | None, run_dir: Path | None) -> list[Path]:
+def base_model_dirs(reference: Path | None, cfg: WorkflowConfig | None) -> list[Path]:
     """Where the base model's own files (licences, model card) may be, in order of preference.
 
     Args:
-        reference: The reference directory the config came from (``hf_assets/``, ``--reference``).
-        run_dir: The project run directory, whose ``model.name_or_path`` is the base model's
-            local directory when ``model.init`` is ``pretrained``.
+        reference: The run's ``hf_assets/`` (the trainer keeps the base model's licences there).
+        cfg: The run's typed config, whose ``model.name_or_path`` is the base model's local
+            directory when ``model.init`` is ``pretrained``.
 
     Returns:
         Existing directories: the reference, then the run's base model directory.
     """
     dirs = [reference] if reference is not None and reference.is_dir() else []
-    if run_dir is not None:
-        model = _section(_read_yaml(RunDir(run_dir).config), "model")
-        path = model.get("name_or_path")
-        if model.get("init", "pretrained") == "pretrained" and isinstance(path, str) and path:
-            base = Path(path).expanduser()  # a relative path means what it meant to the trainer: from the cwd
-            if base.is_dir() and base not in dirs:
-                dirs.append(base)
+    if cfg is not None and cfg.model.init == ModelInit.pretrained and cfg.model.name_or_path:
+        base = Path(cfg.model.name_or_path).expanduser()  # relative: what it meant to the trainer, from the cwd
+        if base.is_dir() and base not in dirs:
+            dirs.append(base)
     return dirs
 
 
-def read_run_facts(run_dir: Path, steps: Sequence[int]) -> RunFacts:
-    """Read config.yaml, metrics.jsonl, evals.jsonl and provenance.json of a run for steps up to ``max(steps)``.
+def read_run_facts(record: RunRecord, steps: Sequence[int]) -> RunFacts:
+    """The run's facts for steps up to ``max(steps)``, from its record.
 
-    metrics.jsonl holds one line per optimizer step (a step redone after a resume appears
-    twice: the last line counts); ``trained_tokens`` there is per step, so the total is a sum,
-    given only when every step from 1 to N has a line.
+    The metrics series holds one record per optimizer step (a step redone after a resume
+    counts once: the record reader keeps the later line); ``trained_tokens`` there is per
+    step, so the total is a sum, given only when every step from 1 to N has a record.
 
     Args:
-        run_dir: The project run directory.
+        record: The run's record.
         steps: The consolidated steps (empty when unknown).
 
     Returns:
-        The facts found; unreadable files leave their fields empty.
+        The facts found; what cannot be read stays empty.
     """
-    run = RunDir.recorded(run_dir)
-    facts = RunFacts(run.root, _read_yaml(run.config), sorted(steps), provenance=_read_json(run.provenance))
+    facts = RunFacts(record.root, record.config, sorted(steps), provenance=record.provenance or {},
+                     sources=source_lines(record))
     if not steps:
         return facts
     last = max(steps)
-    records = {s: r for s, r in _last_per_step(_read_jsonl(run.metrics)).items() if s <= last}
-    facts.steps_logged = len(records)
-    final = records.get(last, {})
-    facts.final_loss = _number(final.get("loss"))
-    tokens = [records[s].get("trained_tokens") if s in records else None for s in range(1, last + 1)]
+    metrics: StepRecords = record.metrics.up_to(last)
+    facts.steps_logged = len(metrics)
+    facts.final_loss = _number((metrics.get(last) or {}).get("loss"))
+    tokens = [(metrics.get(s) or {}).get("trained_tokens") for s in range(1, last + 1)]
     if all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         facts.trained_tokens = sum(t for t in tokens if isinstance(t, int))
-    evals = [(s, _number(r.get("eval_loss"))) for s, r in records.items()]
-    known = [(s, v) for s, v in evals if v is not None]
+    known = [(s, v) for s, v in ((s, _number(r.get("eval_loss"))) for s, r in metrics) if v is not None]
     facts.eval_loss = max(known) if known else None
-    held = _last_per_step(r for r in _read_jsonl(run.evals_file) if r.get("status") == "ok").get(last)
-    facts.held_out = held
+    held = record.evals.get(last)
+    facts.held_out = held if held is not None and held.get("status") == "ok" else None
     return facts
 
 
-def write_model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: Path | None,
-                     report: Mapping[str, Any], *, final_dir: Path | None = None) -> str | None:
-    """Write ``out_dir/README.md``, a model card with what is known about the model.
+def write_card(model_dir: Path, record: RunRecord | None) -> str | None:
+    """Write ``model_dir/README.md`` (and ``loss_curve.png`` for a run that logged a loss).
 
-    Call it after the licence files were copied (:func:`.hf_assets.copy_licenses`), so the
-    card's ``license`` can be read from them (:func:`.hf_assets.licence_metadata`). An existing ``README.md`` is replaced.
+    The base model's licence files are copied beside the weights first when the model lacks
+    them (from ``hf_assets/`` or ``model.name_or_path``), so the card's ``license`` can be
+    read from them. An existing ``README.md`` is replaced, atomically.
 
     Args:
-        out_dir: The model directory (the staging directory during a consolidation).
-        checkpoint_dirs: The consolidated checkpoint directories (``Source.dirs``).
-        reference: The reference directory (``Source.reference.path``), or None.
-        report: verification.json's content (``dtype``, ``layout``, ``ok``, ``tensors``...).
-        final_dir: Where the model will live (``OUT``), for its name and the loading example;
-            default ``out_dir``.
+        model_dir: A consolidated model directory (its ``verification.json`` names the checkpoints).
+        record: The run the model was trained in, or None for a model of another tool.
 
     Returns:
-        None when the card was written; else a note saying why not (the consolidation goes on).
+        None when the card was written; else a note saying why not (or why the image is missing).
     """
-    curve_note = write_loss_curve(out_dir, checkpoint_dirs)
     try:
-        text = model_card(out_dir, checkpoint_dirs, reference, report, final_dir=final_dir)
-        (out_dir / CARD_FILE).write_text(text, encoding="utf-8")
+        model_dir = Path(model_dir)
+        report = read_json_object(model_dir / VERIFICATION_FILE, []) or {}
+        sources = [Path(s) for s in report.get("sources") or [] if isinstance(s, str)]
+        steps = consolidated_steps(sources)
+        facts = read_run_facts(record, steps) if record is not None else None
+        reference = record.layout.hf_assets if record is not None else None
+        copy_licenses(base_model_dirs(reference, facts.config if facts else None), model_dir)
+        curve_note = _write_curve(model_dir, record, steps)
+        text = model_card(model_dir, sources, reference, report, facts)
+        atomic_write_text(model_dir / CARD_FILE, text)
     except Exception as exc:  # noqa: BLE001 - a card is a courtesy; it must never fail a verified model
         return f"model card not written: {type(exc).__name__}: {exc}"
     return curve_note
 
 
-def write_loss_curve(out_dir: Path, checkpoint_dirs: Sequence[Path]) -> str | None:
-    """Draw ``out_dir/loss_curve.png`` (training and eval loss up to the consolidated step) for the card.
-
-    Only for a checkpoint of a project run whose metrics.jsonl has a finite loss. Drawn with
-    the standard library (:mod:`fsdp_workflow.core.pngplot`, milliseconds): matplotlib would
-    cost the consolidator about a second and 50 MB.
-
-    Returns:
-        None, or a note when drawing failed (the card is still written, without the image).
-    """
-    run_dir = find_run_dir(checkpoint_dirs)
-    steps = [s for s in (step_of(Path(d).name) for d in checkpoint_dirs) if s is not None]
-    if run_dir is None or not steps:
+def _write_curve(model_dir: Path, record: RunRecord | None, steps: list[int]) -> str | None:
+    """Draw ``loss_curve.png`` (training and eval loss up to the consolidated step); a note when drawing failed."""
+    (model_dir / CURVE_FILE).unlink(missing_ok=True)  # never a curve of another model
+    if record is None or not steps:
         return None
-    metrics = RunDir.recorded(run_dir).metrics
+    series = series_of(record.metrics).up_to(max(steps))
+    if not any(math.isfinite(v) for v in series.loss):
+        return None
     try:
-        series = read_series(metrics).up_to(max(steps))
-        if any(math.isfinite(v) for v in series.loss):
-            loss_png(series, out_dir / CURVE_FILE)
+        write_png(series, model_dir / CURVE_FILE, title="training loss", loss_only=True)
     except Exception as exc:  # noqa: BLE001 - an image is a courtesy too
         return f"{CURVE_FILE} not drawn: {type(exc).__name__}: {exc}"
     return None
 
 
-def model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: Path | None,
-               report: Mapping[str, Any], *, final_dir: Path | None = None) -> str:
-    """The text of the model card (see :func:`write_model_card`)."""
-    final = Path(final_dir) if final_dir is not None else Path(out_dir)
-    steps = sorted(s for s in (step_of(Path(d).name) for d in checkpoint_dirs) if s is not None)
-    run_dir = find_run_dir(checkpoint_dirs)
-    facts = read_run_facts(run_dir, steps) if run_dir is not None else None
-    cfg = facts.config if facts else {}
+def model_card(model_dir: Path, source_dirs: Sequence[Path], reference: Path | None, report: Mapping[str, Any],
+               facts: RunFacts | None) -> str:
+    """The text of the model card (see :func:`write_card`)."""
+    steps = consolidated_steps(source_dirs)
+    cfg = facts.config if facts else None
     ref_config = _read_json(reference / "config.json") if reference is not None else {}
-    out_config = _read_json(out_dir / "config.json")
-    base_dirs = base_model_dirs(reference, run_dir)
-    base = _base_model(cfg, ref_config)
+    out_config = _read_json(model_dir / "config.json")
+    base_dirs = base_model_dirs(reference, cfg)
+    base = _base_model(cfg, ref_config or out_config)  # the written config.json keeps _name_or_path too
 
     meta: dict[str, Any] = {}
     if base.repo_id:
@@ -204,24 +188,57 @@ def model_card(out_dir: Path, checkpoint_dirs: Sequence[Path], reference: Path |
     archs = out_config.get("architectures")
     if isinstance(archs, list) and any(str(a).endswith("ForCausalLM") for a in archs):
         meta["pipeline_tag"] = "text-generation"
-    meta.update(licence_metadata(out_dir, base_dirs))
-    dataset = _hub_id(_section(cfg, "data").get("path"), "datasets")
-    if dataset:
-        meta["datasets"] = [dataset]
+    meta.update(licence_metadata(model_dir, base_dirs))
+    datasets = [d for d in (_hub_id(p, "datasets") for p in _data_paths(cfg)) if d]
+    if datasets:
+        meta["datasets"] = datasets
     meta["tags"] = list(TAGS)
 
-    name = cfg.get("name") if isinstance(cfg.get("name"), str) and cfg.get("name") else final.name
+    name = cfg.name if cfg is not None and cfg.name else model_dir.name
     lines = [f"# {name}", ""]
     lines += _nonfinite_warning(report)
     lines += _summary(base, facts, cfg)
-    lines += ["", "## Training", ""] + _table(_training_rows(base, facts, cfg, checkpoint_dirs))
-    if (out_dir / CURVE_FILE).is_file():
-        lines += ["", f"![Training loss by step (eval loss as dots)]({CURVE_FILE})"]
-    lines += ["", "## Weights", ""] + _table(_weight_rows(report, checkpoint_dirs, steps, out_config, out_dir))
-    lines += ["", "## Licence", ""] + _licence_text(meta, out_dir)
+    lines += ["", "## Training", ""] + _table(_training_rows(base, facts, cfg, source_dirs))
+    if (model_dir / CURVE_FILE).is_file():
+        lines += ["", f"![Training loss by optimizer step (eval loss as dots)]({CURVE_FILE})"]
+    lines += ["", "## Weights", ""] + _table(_weight_rows(report, source_dirs, steps, out_config, model_dir))
+    lines += ["", "## Licence", ""] + _licence_text(meta, model_dir)
     if out_config:
-        lines += ["", "## Use", ""] + _usage(final, out_dir)
+        lines += ["", "## Use", ""] + _usage(model_dir, model_dir)
     return _front_matter_text(meta) + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fsdp_workflow.report.card MODEL_DIR... [--run-dir RUN_DIR]``: write each model's card.
+
+    Returns:
+        0 (a card that could not be written is a note on stderr), or 2 when a MODEL_DIR is not a
+        directory or RUN_DIR holds no run.
+    """
+    p = argparse.ArgumentParser(prog="python -m fsdp_workflow.report.card", description=__doc__.split("\n")[0])
+    p.add_argument("models", nargs="+", type=Path, metavar="MODEL_DIR", help="a consolidated model directory")
+    p.add_argument("--run-dir", type=Path, help="the run directory the model was trained in (the plan passes it)")
+    args = p.parse_args(argv)
+    record = None
+    if args.run_dir is not None:
+        if not (args.run_dir / CONFIG_FILE).is_file():
+            print(f"fsdp_workflow.report.card: --run-dir {args.run_dir}: not a run directory (no {CONFIG_FILE}); "
+                  "pass the run_dir= the model was trained in, or leave --run-dir out for a model of another tool",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        record = open_run(args.run_dir)
+    missing = [m for m in args.models if not m.is_dir()]
+    if missing:
+        print(f"fsdp_workflow.report.card: {', '.join(map(str, missing))}: no such model directory; "
+              "consolidate first (python -m fsdp_workflow.consolidate CKPT OUT), then name OUT", file=sys.stderr)
+        return EXIT_USAGE
+    for model in args.models:
+        note = write_card(model, record)
+        if note:
+            print(f"fsdp_workflow.report.card: note: {model}: {note}", file=sys.stderr)
+        else:
+            print(f"model card: {model / CARD_FILE}")
+    return 0
 
 
 # ---------------------------------------------------------------- the parts of the card
@@ -232,19 +249,18 @@ class _Base:
     init: str | None  # "pretrained" / "random" (project runs only)
 
 
-def _base_model(cfg: Mapping[str, Any], ref_config: Mapping[str, Any]) -> _Base:
-    model = _section(cfg, "model")
-    init = model.get("init") if isinstance(model.get("init"), str) else None
-    if init == "random":
+def _base_model(cfg: WorkflowConfig | None, ref_config: Mapping[str, Any]) -> _Base:
+    init = cfg.model.init.value if cfg is not None else None
+    if init == ModelInit.random.value:
         return _Base(None, None, init)
-    path = model.get("name_or_path")
+    path = cfg.model.name_or_path if cfg is not None else None
     if not (isinstance(path, str) and path):
         path = ref_config.get("_name_or_path")  # written by transformers 4 for configs it loaded
     path = path if isinstance(path, str) and path else None
     return _Base(_hub_id(path, "models"), path, init)
 
 
-def _summary(base: _Base, facts: RunFacts | None, cfg: Mapping[str, Any]) -> list[str]:
+def _summary(base: _Base, facts: RunFacts | None, cfg: WorkflowConfig | None) -> list[str]:
     if base.init == "random":
         origin = "trained from random initialisation (`model.init=random`)"
     elif base.path:
@@ -252,8 +268,7 @@ def _summary(base: _Base, facts: RunFacts | None, cfg: Mapping[str, Any]) -> lis
     else:
         origin = "from a checkpoint whose base model is unknown"
     how = "full fine-tuning" if base.init != "random" else "training"
-    strategy = _section(cfg, "strategy").get("name")
-    with_what = f" ({how} with {strategy})" if facts and isinstance(strategy, str) else ""
+    with_what = f" ({how} with {cfg.strategy.name.value})" if facts and cfg is not None else ""
     return [f"A causal language model {origin}{with_what}, consolidated from a sharded checkpoint by fsdp_workflow."]
 
 
@@ -263,18 +278,17 @@ def _base_link(base: _Base) -> str:
     return f"`{_code(base.path or 'unknown')}`"
 
 
-def _training_rows(base: _Base, facts: RunFacts | None, cfg: Mapping[str, Any],
+def _training_rows(base: _Base, facts: RunFacts | None, cfg: WorkflowConfig | None,
                    checkpoint_dirs: Sequence[Path]) -> list[tuple[str, str]]:
     rows = [("base model", "none (random initialisation)" if base.init == "random" else
              (_base_link(base) if base.path else "unknown"))]
     if facts is None:
         rows.append(("source checkpoint", ", ".join(f"`{_code(str(d))}`" for d in checkpoint_dirs) or "unknown"))
-        rows.append(("training facts", "unknown (the checkpoint is not in an fsdp_workflow run directory)"))
+        rows.append(("training facts", "unknown (no fsdp_workflow run directory was named: --run-dir)"))
         return rows
-    rows.append(("data", _data_text(_section(cfg, "data"))))
+    rows += _data_rows(cfg, facts.sources)
     last = max(facts.steps) if facts.steps else None
-    max_steps = _section(cfg, "train").get("max_steps")
-    planned = f" of `train.max_steps={max_steps}`" if isinstance(max_steps, int) else ""
+    planned = f" of `train.max_steps={cfg.train.max_steps}`" if cfg is not None else ""
     rows.append(("steps trained", f"{last}{planned}" if last is not None else "unknown"))
     if facts.trained_tokens is not None:
         tokens = f"{facts.trained_tokens:,} (tokens the loss was computed on, summed over metrics.jsonl)"
@@ -294,52 +308,54 @@ def _training_rows(base: _Base, facts: RunFacts | None, cfg: Mapping[str, Any],
         over = f", {count:,} tokens" if isinstance(count, int) else ""
         rows.append(("held-out perplexity", f"{ppl:.3f} (loss {loss:.4f}{over}; evals.jsonl, step {last})"))
     rows += _procedure_rows(cfg)
-    rows.append(("config", f"`{_code(str(RunDir(facts.run_dir).config))}`"))
+    rows.append(("config", f"`{_code(str(facts.run_dir / CONFIG_FILE))}`"))
     revision = facts.provenance.get("git_revision")
     if isinstance(revision, str) and revision:
         rows.append(("fsdp_workflow revision", f"`{_code(revision)}`"))
     return rows
 
 
-def _data_text(data: Mapping[str, Any]) -> str:
-    source = data.get("source")
-    if source == "synthetic":
-        return "synthetic random token ids (`data.source=synthetic`)"
-    if not isinstance(source, str):
-        return "unknown"
-    path = f"`{_code(data['path'])}`" if isinstance(data.get("path"), str) else "path unknown"
-    kind = ", ".join(str(v) for v in (source, data.get("format")) if isinstance(v, str))
-    parts = [f"{path} ({kind})"]
-    if data.get("format") not in (None, "text") and isinstance(data.get("train_on"), str):
-        parts.append(f"loss on `{data['train_on']}` tokens")
-    if isinstance(data.get("eval_path"), str) and data["eval_path"]:
-        parts.append(f"held out: `{_code(data['eval_path'])}`")
-    elif isinstance(data.get("eval_fraction"), (int, float)) and data["eval_fraction"]:
-        parts.append(f"{data['eval_fraction']:g} held out")
-    return "; ".join(parts)
+def _data_paths(cfg: WorkflowConfig | None) -> list[str]:
+    """The configured data paths: each source of a mixture, else ``data.path``."""
+    if cfg is None or cfg.data.source == DataSource.synthetic:
+        return []
+    return [s.path for s in cfg.data.sources] if cfg.data.sources else [cfg.data.path] if cfg.data.path else []
 
 
-def _procedure_rows(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
-    strategy, cluster = _section(cfg, "strategy"), _section(cfg, "cluster")
-    optimizer, train = _section(cfg, "optimizer"), _section(cfg, "train")
-    rows = []
-    if isinstance(strategy.get("name"), str):
-        where = (f", {cluster['nodes']} node(s) x {cluster['processes_per_node']} processes"
-                 if isinstance(cluster.get("nodes"), int) and isinstance(cluster.get("processes_per_node"), int) else "")
-        rows.append(("strategy", f"{strategy['name']}{where}"))
-    if isinstance(optimizer.get("name"), str):
-        opt = [str(optimizer["name"])]
-        if _number(optimizer.get("lr")) is not None:
-            opt.append(f"lr {optimizer['lr']:g}")
-        if isinstance(optimizer.get("scheduler"), str):
-            opt.append(f"{optimizer['scheduler']} schedule")
-        if isinstance(optimizer.get("warmup_steps"), int):
-            opt.append(f"{optimizer['warmup_steps']} warm-up steps")
-        rows.append(("optimizer", ", ".join(opt)))
-    if isinstance(train.get("global_batch_size"), int) and isinstance(train.get("seq_len"), int):
-        rows.append(("batch", f"{train['global_batch_size']} sequences of up to {train['seq_len']} tokens per step"))
-    if isinstance(train.get("mixed_precision"), str):
-        rows.append(("precision", train["mixed_precision"]))
+def _data_rows(cfg: WorkflowConfig | None, sources: list[str]) -> list[tuple[str, str]]:
+    """The data rows: what was read and how, then one row per source with its counts and share."""
+    if cfg is None:
+        return [("data", "unknown")]
+    d = cfg.data
+    if d.source == DataSource.synthetic:
+        return [("data", "synthetic random token ids (`data.source=synthetic`)")]
+    what = f"mixture of {len(d.sources)} sources, mixed by `data.seed`" if d.sources else f"`{_code(d.path or '')}`"
+    parts = [f"{what} ({d.source.value}, {d.format.value})"]
+    if d.format.value != "text":
+        parts.append(f"loss on `{d.train_on.value}` tokens")
+    if d.eval_path:
+        parts.append(f"held out: `{_code(d.eval_path)}`")
+    elif d.eval_fraction:
+        parts.append(f"{d.eval_fraction:g} held out")
+    rows = [("data", "; ".join(parts))]
+    rows += [("data source", line) for line in sources]
+    return rows
+
+
+def _procedure_rows(cfg: WorkflowConfig | None) -> list[tuple[str, str]]:
+    if cfg is None:
+        return []
+    c, o, t = cfg.cluster, cfg.optimizer, cfg.train
+    rows = [("strategy", f"{cfg.strategy.name.value}, {c.nodes} node(s) x {c.processes_per_node} processes")]
+    opt = [o.name.value, f"lr {o.lr:g}", f"{o.scheduler.value} schedule"]
+    if o.warmup_steps:
+        opt.append(f"{o.warmup_steps} warm-up steps")
+    rows.append(("optimizer", ", ".join(opt)))
+    if t.global_batch_size is not None:
+        rows.append(("batch", f"{t.global_batch_size} sequences of up to {t.seq_len} tokens per step"))
+    else:
+        rows.append(("sequence length", f"{t.seq_len} tokens"))
+    rows.append(("precision", t.mixed_precision.value))
     return rows
 
 
@@ -456,42 +472,10 @@ def _hub_id(path: object, kind: str) -> str | None:
     return None
 
 
-def _inside(path: Path, directory: Path) -> bool:
-    try:
-        path.relative_to(directory)
-    except ValueError:
-        return False
-    return True
-
-
-def _section(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = cfg.get(key)
-    return value if isinstance(value, dict) else {}
-
-
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
-    data = _yaml_load(text)
-    return data if isinstance(data, dict) else {}
-
-
-def _yaml_load(text: str) -> Any:
-    """Plain YAML (``safe_load``); None when it does not parse."""
-    import yaml  # type: ignore[import-untyped]
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -502,31 +486,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON object lines of ``path``; a torn or foreign line (a crash mid-write) is skipped."""
-    out = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    out.append(record)
-    except OSError:
-        return []
-    return out
+__all__ = ["CARD_FILE", "CURVE_FILE", "RunFacts", "base_model_dirs", "consolidated_steps", "main", "model_card",
+           "read_run_facts", "write_card"]
 
 
-def _last_per_step(records: Any) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for r in records:
-        step = r.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            out[step] = r
-    return out
-
-
-__all__ = ["CARD_FILE", "CURVE_FILE", "RunFacts", "base_model_dirs", "find_run_dir", "model_card", "read_run_facts",
-           "write_loss_curve", "write_model_card"]
+if __name__ == "__main__":
+    raise SystemExit(main())

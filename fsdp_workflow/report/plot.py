@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fsdp_workflow.report.curves import Series, finite
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+STEP_LABEL = "optimizer step"  # the x axis of every panel
 INSTALL_HINT = "pip install matplotlib (a dependency of fsdp_workflow: reinstall the package)"
 
 
@@ -21,22 +25,20 @@ class PlotUnavailable(RuntimeError):
     """matplotlib cannot be imported; the message names the pip command."""
 
 
-def write_png(series: Series, out: Path, *, title: Optional[str] = None, loss_only: bool = False) -> Path:
-    """Draw the curves into ``out`` (a PNG), written to a temporary name and renamed.
+def curve_figure(series: Series, *, title: Optional[str] = None, loss_only: bool = False) -> "Figure":
+    """The curves as a matplotlib figure: loss (eval loss as dots), then tokens/s and MFU, by optimizer step.
 
     Args:
         series: From :func:`fsdp_workflow.report.curves.series_of` (cut with ``up_to`` for a card).
-        out: The PNG to write.
         title: The figure title.
         loss_only: Only the loss panel (the model card); else loss, tokens/s and MFU.
 
     Returns:
-        ``out``.
+        The figure (not drawn yet), every axis labelled.
 
     Raises:
         PlotUnavailable: matplotlib cannot be imported.
         ValueError: the series has no finite loss to draw.
-        OSError: ``out`` cannot be written (no temporary file is left behind).
     """
     try:
         import matplotlib
@@ -49,9 +51,8 @@ def write_png(series: Series, out: Path, *, title: Optional[str] = None, loss_on
     xs, ys = finite(series.steps, series.loss)
     if not xs:
         raise ValueError("metrics.jsonl has no finite training loss to plot yet")
-    panels = 1 if loss_only else 3
     fig = Figure(figsize=(8.0, 3.2 if loss_only else 8.0), dpi=100, layout="constrained")
-    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    axes = fig.subplots(1 if loss_only else 3, 1, sharex=True, squeeze=False)[:, 0]
     ax = axes[0]
     ax.plot(xs, ys, lw=1.2, label="training loss")
     if series.eval_steps:
@@ -66,9 +67,30 @@ def write_png(series: Series, out: Path, *, title: Optional[str] = None, loss_on
             ax_.plot(x2, [v * scale for v in y2], lw=1.0, color="tab:green")
             ax_.set_ylabel(label)
             ax_.grid(alpha=0.3)
-    axes[-1].set_xlabel("optimizer step")
+    axes[-1].set_xlabel(STEP_LABEL)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def write_png(series: Series, out: Path, *, title: Optional[str] = None, loss_only: bool = False) -> Path:
+    """Draw :func:`curve_figure` into ``out`` (a PNG), written to a temporary name and renamed.
+
+    Args:
+        series: The curves.
+        out: The PNG to write.
+        title: The figure title.
+        loss_only: Only the loss panel (the model card).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        PlotUnavailable: matplotlib cannot be imported.
+        ValueError: the series has no finite loss to draw.
+        OSError: ``out`` cannot be written (no temporary file is left behind).
+    """
+    fig = curve_figure(series, title=title, loss_only=loss_only)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -80,4 +102,4 @@ def write_png(series: Series, out: Path, *, title: Optional[str] = None, loss_on
     return out
 
 
-__all__ = ["INSTALL_HINT", "PlotUnavailable", "write_png"]
+__all__ = ["INSTALL_HINT", "PlotUnavailable", "STEP_LABEL", "curve_figure", "write_png"]

@@ -1,69 +1,40 @@
-"""The shippable extras of a consolidation: model card, licence files, the index's metadata.
+"""The model card (:mod:`fsdp_workflow.report.card`): written by the report stage from the run record.
 
-A run directory is built in tmp the way the planner and the trainer leave it (config.yaml,
-metrics.jsonl, evals.jsonl, hf_assets/, checkpoints/step-N/ saved by DCP from a real tiny
-Llama), consolidated with :func:`consolidate`, and the card and licences are added as the
-consolidator's commit step adds them.
+A run directory is built in tmp the way the planner and the trainer leave it (a real
+config.yaml composed through the schema, metrics.jsonl, evals.jsonl, hf_assets/,
+checkpoints/step-N/ saved by DCP from a real tiny Llama), consolidated with
+:func:`consolidate`, then carded by ``python -m fsdp_workflow.report.card MODEL --run-dir RUN``
+as the consolidation job runs it: the run directory is passed, never guessed.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-import sys
-import zlib
+import shutil
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
 from huggingface_hub import ModelCard
-from safetensors import safe_open
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from fsdp_workflow.config.record import VERIFICATION_FILE, open_run
 from fsdp_workflow.consolidate import consolidate
-from fsdp_workflow.consolidate.card import CURVE_FILE, read_run_facts, write_model_card
-from fsdp_workflow.consolidate.hf_assets import (
-    CARD_FILE,
-    copy_licenses,
-    front_matter,
-    index_metadata,
-    index_text,
-    licence_files,
-    licence_metadata,
-)
-from fsdp_workflow.consolidate.source import Selection, resolve_source
-from fsdp_workflow.consolidate.steps import plan_output
+from fsdp_workflow.consolidate.hf_assets import CARD_FILE, licence_files
 from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.report import card as card_mod
+from fsdp_workflow.report.card import CURVE_FILE, main, read_run_facts, write_card
+from fsdp_workflow.report.curves import read_series
+from fsdp_workflow.report.plot import STEP_LABEL, curve_figure
+from fsdp_workflow.report.status import plot as status_plot
+from tests.consolidate.layouts import save
+from tests.consolidate.test_hf_assets import APACHE, LLAMA31, QWEN, tiny_model
+from tests.report.status.fixtures import config_yaml
 
-from .layouts import save
-
-LLAMA31 = "LLAMA 3.1 COMMUNITY LICENSE AGREEMENT\nLlama 3.1 Version Release Date: July 23, 2024\n\n\"Agreement\" means...\n"
-APACHE = "\n                                 Apache License\n                           Version 2.0, January 2004\n"
-MIT = "MIT License\n\nCopyright (c) Someone\n\nPermission is hereby granted, free of charge, to any person...\n"
-QWEN = "Qwen LICENSE AGREEMENT\n\nQwen LICENSE AGREEMENT Release Date: September 19, 2024\n"
-
-
-def tiny_model(tied: bool) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=tied)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).to(torch.bfloat16)
-
-
-def run_config(base: str, **data: object) -> dict:
-    """The sections of config.yaml the card reads, as the planner writes them."""
-    return {
-        "model": {"name": "tiny", "init": "pretrained", "name_or_path": base},
-        "data": {"source": "jsonl", "path": "/data/sft.jsonl", "format": "conversation", "train_on": "assistant",
-                 "eval_path": None, "eval_fraction": 0.05, **data},
-        "strategy": {"name": "fsdp2"},
-        "optimizer": {"name": "adamw", "lr": 1e-5, "scheduler": "cosine", "warmup_steps": 2},
-        "cluster": {"nodes": 2, "processes_per_node": 8, "log_dir": None},
-        "train": {"max_steps": 5, "seq_len": 64, "global_batch_size": 8, "mixed_precision": "bf16"},
-        "consolidate": {"output_dir": None},
-        "name": "tiny-sft",
-    }
+RUN_OVERRIDES = ("name=tiny-sft", "model.init=pretrained", "data.source=jsonl", "data.path=/data/sft.jsonl",
+                 "data.format=conversation", "data.train_on=assistant", "strategy=fsdp2", "optimizer.lr=1e-5",
+                 "optimizer.scheduler=cosine", "optimizer.warmup_steps=2", "cluster.nodes=2",
+                 "cluster.processes_per_node=8", "train.max_steps=5", "train.seq_len=64", "train.global_batch_size=8",
+                 "train.mixed_precision=bf16")
 
 
 def metric(step: int, loss: float, tokens: int, **extra: object) -> str:
@@ -71,11 +42,11 @@ def metric(step: int, loss: float, tokens: int, **extra: object) -> str:
 
 
 def make_run(root: Path, model: LlamaForCausalLM, *, base: str = "/nonexistent/base", licence: str | None = LLAMA31,
-             metrics: list[str] | None = None, step: int = 4) -> RunDir:
+             metrics: list[str] | None = None, step: int = 4, overrides: tuple[str, ...] = ()) -> RunDir:
     """A run directory as the trainer leaves it after step ``step`` (plus a later step, not consolidated)."""
     run = RunDir(root)
     root.mkdir(parents=True)
-    run.config.write_text(yaml.safe_dump(run_config(base)))
+    run.config.write_text(config_yaml(root, *RUN_OVERRIDES, f"model.name_or_path={base}", *overrides))
     run.provenance.write_text(json.dumps({"git_revision": "abc123", "command": ["x"]}))
     lines = metrics if metrics is not None else [
         metric(1, 3.0, 100), metric(2, 2.5, 110), metric(3, 9.9, 999),
@@ -94,17 +65,26 @@ def make_run(root: Path, model: LlamaForCausalLM, *, base: str = "/nonexistent/b
     return run
 
 
-def ship(run_or_src: Path, out: Path, **kwargs: object) -> Path:
-    """consolidate() as the CLI and the chain run it: the card and the licences come with the model."""
-    consolidate(run_or_src, out, progress=False, **kwargs)  # type: ignore[arg-type]
+def ship(src: Path, out: Path, run: Path | None = None, **kwargs: object) -> Path:
+    """The consolidation job: consolidate (weights and verification only), then the report stage's card."""
+    consolidate(src, out, progress=False, **kwargs)  # type: ignore[arg-type]
+    assert not (out / CARD_FILE).exists()  # the consolidator writes no card
+    assert main([str(out)] + (["--run-dir", str(run)] if run is not None else [])) == 0
     return out / CARD_FILE
+
+
+def model_dir(tmp_path: Path, *sources: Path) -> Path:
+    """A model directory whose verification.json names ``sources`` (as the consolidator records them)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / VERIFICATION_FILE).write_text(json.dumps({"ok": True, "layout": "dcp", "sources": [str(s) for s in sources]}))
+    return out
 
 
 # ---------------------------------------------------------------- the card of a project run
 def test_card_of_a_project_run(tmp_path):
     run = make_run(tmp_path / "run", tiny_model(tied=True))
-    card_path = ship(run.root, tmp_path / "out")
-    card = ModelCard.load(card_path)  # huggingface_hub parses and checks the front matter
+    card = ModelCard.load(ship(run.root, tmp_path / "out", run.root))  # huggingface_hub parses the front matter
     data = card.data.to_dict()
     assert data["library_name"] == "transformers"
     assert data["pipeline_tag"] == "text-generation"
@@ -120,45 +100,51 @@ def test_card_of_a_project_run(tmp_path):
     assert "| held-out perplexity | 8.500 (loss 2.1400, 512 tokens; evals.jsonl, step 4) |" in text
     assert f"`{run.config}`" in text
     assert "`/nonexistent/base`" in text and "fsdp2, 2 node(s) x 8 processes" in text
-    assert "loss on `assistant` tokens" in text and "`abc123`" in text
+    assert "| data | `/data/sft.jsonl` (jsonl, conversation); loss on `assistant` tokens" in text
+    assert "| data source | /data/sft.jsonl: counts after prepare |" in text  # named; no cache: no counts
+    assert "`abc123`" in text
     assert "[LICENSE](LICENSE), [USE_POLICY.md](USE_POLICY.md)" in text
     assert f"| parameters | {tiny_model(tied=True).num_parameters():,} " in text
     assert f'AutoTokenizer.from_pretrained("{tmp_path / "out"}")' in text
-    # the loss curve beside the card, steps 1-4 only: 640x360 pixels
+    # the loss curve beside the card: matplotlib's PNG, steps 1-4 only, 800x320
     png = (tmp_path / "out" / CURVE_FILE).read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (640, 360)
-    assert f"![Training loss by step (eval loss as dots)]({CURVE_FILE})" in text
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 800
+    assert f"![Training loss by optimizer step (eval loss as dots)]({CURVE_FILE})" in text
 
 
-def test_the_curve_needs_no_matplotlib(tmp_path, monkeypatch):
+def test_the_card_and_status_plot_draw_with_one_function_and_label_the_axes(tmp_path, monkeypatch):
+    """One renderer: the card's curve is status --plot's function; its axes say what they show."""
+    assert card_mod.write_png is status_plot.write_png
+    drawn = []
+    real = card_mod.write_png
+    monkeypatch.setattr(card_mod, "write_png", lambda s, out, **kw: drawn.append(s.steps) or real(s, out, **kw))
     run = make_run(tmp_path / "run", tiny_model(tied=False))
-    out = tmp_path / "out"
-    out.mkdir()
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # any import of it fails: it is not used
-    assert write_model_card(out, [run.step_dir(4)], run.hf_assets, {}) is None
-    png = (out / CURVE_FILE).read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and zlib.crc32(png[12:29]) == struct.unpack(">I", png[29:33])[0]
-    assert CURVE_FILE in (out / CARD_FILE).read_text()
+    assert write_card(model_dir(tmp_path, run.step_dir(4)), open_run(run.root)) is None
+    assert drawn == [[1, 2, 3, 4]]  # up to the consolidated step
+    fig = curve_figure(read_series(run.metrics).up_to(4), loss_only=True)
+    (ax,) = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == (STEP_LABEL, "loss")
+    full = curve_figure(read_series(run.metrics))
+    assert [a.get_ylabel() for a in full.axes] == ["loss", "tokens/s", "MFU %"] and full.axes[-1].get_xlabel() == STEP_LABEL
 
 
 def test_no_metrics_no_image(tmp_path):
     run = make_run(tmp_path / "run", tiny_model(tied=False))
     run.metrics.unlink()
-    out = tmp_path / "out"
-    out.mkdir()
-    assert write_model_card(out, [run.step_dir(4)], run.hf_assets, {}) is None
-    assert sorted(p.name for p in out.iterdir()) == [CARD_FILE]
+    out = model_dir(tmp_path, run.step_dir(4))
+    assert write_card(out, open_run(run.root)) is None
+    assert (out / CARD_FILE).is_file() and not (out / CURVE_FILE).exists()
 
 
 def test_facts_stop_at_the_consolidated_step_and_need_every_step_for_tokens(tmp_path):
     run = make_run(tmp_path / "run", tiny_model(tied=False),
                    metrics=[metric(1, 3.0, 100), metric(3, 2.0, 120), metric(4, 1.75, 130)])
-    facts = read_run_facts(run.root, [4])
+    facts = read_run_facts(open_run(run.root), [4])
     assert facts.final_loss == 1.75 and facts.steps_logged == 3
     assert facts.trained_tokens is None  # step 2 has no line: no total rather than a wrong one
-    card = ship(run.root, tmp_path / "out").read_text()
+    card = ship(run.root, tmp_path / "out", run.root).read_text()
     assert "| tokens trained | unknown (metrics.jsonl records 3 of steps 1-4) |" in card
-    two = read_run_facts(run.root, [1, 3])
+    two = read_run_facts(open_run(run.root), [1, 3])
     assert two.final_loss == 2.0 and two.trained_tokens is None
 
 
@@ -166,19 +152,19 @@ def test_averaged_steps_report_the_last_one(tmp_path):
     model = tiny_model(tied=False)
     run = make_run(tmp_path / "run", model)
     save({"model": {k: v.clone() for k, v in model.state_dict().items()}}, run.step_dir(3))
-    card = ship(run.root, tmp_path / "out", steps=[3, 4]).read_text()
+    card = ship(run.root, tmp_path / "out", run.root, steps=[3, 4]).read_text()
     assert "weights averaged over steps 3, 4" in card and "| final training loss | 2.1250 (step 4) |" in card
 
 
 def test_licences_from_the_base_model_directory(tmp_path):
-    """hf_assets/ without licence files: they and the declared licence come from model.name_or_path."""
+    """hf_assets/ without licence files: the card takes them, and the declared licence, from model.name_or_path."""
     base = tmp_path / "hub" / "models--Qwen--Qwen2.5-3B" / "snapshots" / "0123abc"
     base.mkdir(parents=True)
     (base / "LICENSE").write_text(QWEN)
     (base / CARD_FILE).write_text("---\nlicense: other\nlicense_name: qwen-research\nlicense_link: "
                                   "https://huggingface.co/Qwen/Qwen2.5-3B/blob/main/LICENSE\n---\n# Qwen\n")
     run = make_run(tmp_path / "run", tiny_model(tied=True), base=str(base), licence=None)
-    data = ModelCard.load(ship(run.root, tmp_path / "out")).data.to_dict()
+    data = ModelCard.load(ship(run.root, tmp_path / "out", run.root)).data.to_dict()
     assert data["base_model"] == "Qwen/Qwen2.5-3B"  # read from the huggingface_hub cache path
     assert data["license"] == "other" and data["license_name"] == "qwen-research"  # the base card wins
     assert data["license_link"].startswith("https://")
@@ -186,13 +172,31 @@ def test_licences_from_the_base_model_directory(tmp_path):
 
 
 def test_random_init_has_no_base_model(tmp_path):
-    run = make_run(tmp_path / "run", tiny_model(tied=False), licence=None)
-    cfg = yaml.safe_load(run.config.read_text())
-    cfg["model"]["init"] = "random"
-    run.config.write_text(yaml.safe_dump(cfg))
-    card = ModelCard.load(ship(run.root, tmp_path / "out"))
+    run = make_run(tmp_path / "run", tiny_model(tied=False), licence=None, overrides=("model.init=random",))
+    card = ModelCard.load(ship(run.root, tmp_path / "out", run.root))
     assert "base_model" not in card.data.to_dict() and "license" not in card.data.to_dict()
     assert "random initialisation" in card.text and "Unknown: no licence was found" in card.text
+
+
+def test_the_card_names_each_source_of_a_mixture_with_the_caches_counts(tmp_path, monkeypatch):
+    """data.sources: one row per source; records, tokens and shares from the prepared cache's meta.json."""
+    srcs = ["+data.sources=[{path: /d/chat.jsonl, name: chat, weight: 3}, {path: /d/notes.jsonl, name: notes, weight: 1}]"]
+    run = make_run(tmp_path / "run", tiny_model(tied=False), overrides=("data.path=null", *srcs))
+    out = model_dir(tmp_path, run.step_dir(4))
+    text = ModelCard.load(write_card(out, open_run(run.root)) or out / CARD_FILE).text
+    assert "| data | mixture of 2 sources, mixed by `data.seed` (jsonl, conversation)" in text
+    assert "| data source | chat (/d/chat.jsonl): weight 3 (75.0%); counts after prepare |" in text
+    meta = {"mixture": True, "sources": [
+        {"name": "chat", "path": "/d/chat.jsonl", "records": 40, "bad_records": 1, "train_documents": 30,
+         "document_share": 0.75, "train_tokens": 3000, "token_share": 0.8},
+        {"name": "notes", "path": "/d/notes.jsonl", "records": 10, "bad_records": 0, "train_documents": 10,
+         "document_share": 0.25, "train_tokens": 750, "token_share": 0.2}]}
+    monkeypatch.setattr("fsdp_workflow.report.sources.cache_meta", lambda record: meta)
+    assert write_card(out, open_run(run.root)) is None
+    text = (out / CARD_FILE).read_text()
+    assert ("| data source | chat (/d/chat.jsonl): 30 documents (75.0%), 3,000 tokens (80.0%), 40 records read, "
+            "1 bad |") in text
+    assert "| data source | notes (/d/notes.jsonl): 10 documents (25.0%), 750 tokens (20.0%)" in text
 
 
 # ---------------------------------------------------------------- not a project run
@@ -208,16 +212,15 @@ def test_card_of_a_plain_dcp_checkpoint_invents_nothing(tmp_path):
     data = card.data.to_dict()
     assert data["base_model"] == "meta-llama/Llama-3.1-8B" and data["license"] == "apache-2.0"
     assert f"`{src}`" in card.text
-    assert "| training facts | unknown (the checkpoint is not in an fsdp_workflow run directory) |" in card.text
+    assert "| training facts | unknown (no fsdp_workflow run directory was named: --run-dir) |" in card.text
     assert "loss" not in card.text and "tokens trained" not in card.text
     assert "AutoModelForCausalLM.from_pretrained" in card.text and "AutoTokenizer" not in card.text
 
 
 def test_card_without_reference_or_run(tmp_path):
     """Weights only (no config.json): no library_name, nothing but the source."""
-    out = tmp_path / "out"
-    out.mkdir()
-    assert write_model_card(out, [tmp_path / "x" / "checkpoint-3"], None, {"ok": True, "layout": "dcp"}) is None
+    out = model_dir(tmp_path, tmp_path / "x" / "checkpoint-3")
+    assert write_card(out, None) is None
     card = ModelCard.load(out / CARD_FILE)
     assert card.data.to_dict() == {"tags": ["fsdp_workflow"]}
     assert "| base model | unknown |" in card.text and "| checkpoint | step 3 |" in card.text
@@ -228,95 +231,30 @@ def test_a_broken_run_directory_still_gives_a_card(tmp_path):
     run = make_run(tmp_path / "run", tiny_model(tied=False))
     run.config.write_text("model: [unclosed\n")  # not YAML
     run.metrics.write_text("\x00garbage\n[1, 2]\n{\"step\": \"four\"}\n")
-    run.evals_file.mkdir() if not run.evals_file.exists() else run.evals_file.unlink()
-    out = tmp_path / "out"
-    out.mkdir()
-    assert write_model_card(out, [run.step_dir(4)], run.hf_assets, {}) is None
+    run.evals_file.unlink()
+    run.evals_file.mkdir()  # a directory where the file belongs
+    out = model_dir(tmp_path, run.step_dir(4))
+    assert write_card(out, open_run(run.root)) is None
     text = (out / CARD_FILE).read_text()
     assert "| final training loss | unknown |" in text and "| tokens trained | unknown (metrics.jsonl records 0" in text
+    assert "| data | unknown |" in text
 
 
-def test_write_model_card_reports_instead_of_raising(tmp_path):
-    note = write_model_card(tmp_path / "missing" / "out", [], None, {})
+def test_write_card_reports_instead_of_raising(tmp_path):
+    note = write_card(tmp_path / "missing" / "out", None)
     assert note is not None and note.startswith("model card not written: FileNotFoundError")
 
 
-# ---------------------------------------------------------------- licences
-@pytest.mark.parametrize("text, want", [
-    (LLAMA31, {"license": "llama3.1"}),
-    ("META LLAMA 3 COMMUNITY LICENSE AGREEMENT\nMeta Llama 3 Version Release Date: April 18, 2024", {"license": "llama3"}),
-    ("LLAMA 2 COMMUNITY LICENSE AGREEMENT\t\nLlama 2 Version Release Date: July 18, 2023", {"license": "llama2"}),
-    ("LLAMA 3.2 COMMUNITY LICENSE AGREEMENT\n\nLlama 3.2 Version Release Date: September 25, 2024", {"license": "llama3.2"}),
-    (APACHE, {"license": "apache-2.0"}),
-    (MIT, {"license": "mit"}),
-    (QWEN, {"license": "other", "license_name": "qwen", "license_link": "LICENSE"}),
-    ("Some Lab Model Licence v1\nYou may ...", {"license": "other", "license_link": "LICENSE"}),
-])
-def test_licence_recognised_by_title(tmp_path, text, want):
-    (tmp_path / "LICENSE").write_text(text)
-    assert licence_metadata(tmp_path, []) == want
-
-
-def test_conflicting_licence_files_give_no_licence(tmp_path):
-    (tmp_path / "LICENSE").write_text(APACHE)
-    (tmp_path / "LICENSE-MODEL").write_text(LLAMA31)
-    assert licence_metadata(tmp_path, []) == {}
-    assert licence_metadata(tmp_path / "none", []) == {}
-
-
-def test_declared_licence_link_to_a_missing_file_is_dropped(tmp_path):
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / CARD_FILE).write_text("---\nlicense: other\nlicense_name: acme\nlicense_link: LICENSE.md\n---\n")
-    assert front_matter(base / CARD_FILE)["license_name"] == "acme"
-    assert licence_metadata(tmp_path, [base]) == {"license": "other", "license_name": "acme"}
-
-
-def test_copy_licenses_takes_one_source_and_only_licence_names(tmp_path):
-    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
-    for d in (first, second, out):
-        d.mkdir()
-    names = ["LICENSE.txt", "USE_POLICY.md", "NOTICE", "notice.txt", "LICENSE-MODEL", "Licence.md", "COPYING"]
-    for n in names + ["license_utils.py", "README.md", "config.json", "LICENSE.json"]:
-        (second / n).write_text(n)
-    (second / "LICENSE").mkdir()  # not a file
-    (first / "tokenizer.json").write_text("{}")
-    (out / "NOTICE").write_text("kept")
-    copied = copy_licenses([None, tmp_path / "missing", first, second], out)
-    assert sorted(copied) == sorted(set(names) - {"NOTICE"})
-    assert (out / "NOTICE").read_text() == "kept"
-    assert copy_licenses(first, tmp_path) == [] and copy_licenses(None, out) == []
-
-
-# ---------------------------------------------------------------- model.safetensors.index.json
-@pytest.mark.parametrize("tied", [True, False])
-def test_index_metadata_is_what_save_pretrained_writes(tmp_path, tied):
-    """transformers 5: total_size = bytes of the tensors written (tied alias dropped), total_parameters alongside."""
-    model = tiny_model(tied)
-    hf = tmp_path / "hf"
-    model.save_pretrained(hf, max_shard_size="8KB")
-    index_file = hf / "model.safetensors.index.json"
-    index = json.loads(index_file.read_text())
-    assert len(set(index["weight_map"].values())) > 1
-    written = []
-    for name in sorted(set(index["weight_map"].values())):
-        with safe_open(str(hf / name), "pt") as f:
-            for key in f.keys():
-                t = f.get_tensor(key)
-                written.append((t.numel(), t.nbytes))
-    meta = index_metadata(written)
-    assert meta == index["metadata"]
-    assert index_text(meta, index["weight_map"]) == index_file.read_text()  # byte for byte
-
-    # The consolidator's plan of the same weights (tied lm_head dropped by config.json) gives the same numbers.
-    run = tmp_path / "run"
-    model.config.save_pretrained(RunDir(run).hf_assets)
-    save({"model": {k: v.clone() for k, v in model.state_dict().items()}}, RunDir(run).step_dir(1))
-    source = resolve_source(run, tmp_path / "out", Selection())
-    try:
-        plan = plan_output(source, out_dtype=None, weights=None, max_shard_bytes=8 << 10)
-    finally:
-        source.close()
-    assert sorted(t.name for t in plan.tensors) == sorted(index["weight_map"])
-    assert index_metadata((t.sources[0].numel, t.nbytes) for t in plan.tensors) == index["metadata"]
-    assert plan.total_bytes == index["metadata"]["total_size"]
+@pytest.mark.parametrize("bad", ["run", "model"])
+def test_the_card_command_refuses_a_wrong_path_with_exit_2_and_writes_nothing(tmp_path, capsys, bad):
+    run = make_run(tmp_path / "run", tiny_model(tied=False))
+    out = model_dir(tmp_path, run.step_dir(4))
+    if bad == "run":
+        shutil.rmtree(run.root / "checkpoints")
+        argv = [str(out), "--run-dir", str(run.root / "checkpoints")]
+    else:
+        argv = [str(tmp_path / "nope"), "--run-dir", str(run.root)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert ("not a run directory (no config.yaml)" if bad == "run" else "no such model directory") in err
+    assert not (out / CARD_FILE).exists()

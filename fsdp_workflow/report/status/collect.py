@@ -29,8 +29,8 @@ from fsdp_workflow.core.exit_codes import MEANINGS
 from fsdp_workflow.core.reasons import explain as explain_reason
 from fsdp_workflow.core.rundir import JOBS_FILE, PathLike, RunDir
 from fsdp_workflow.data.cache import CacheError
-from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.open import open_cache
+from fsdp_workflow.report.sources import source_lines
 from fsdp_workflow.report.status.commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.report.status.eta import Progress, run_progress
 from fsdp_workflow.report.status.jobs import JobStatus, job_status
@@ -78,8 +78,8 @@ def _train_exit(record: RunRecord) -> Optional[dict]:
     return rec
 
 
-def _data_summary(layout: RunDir) -> Optional[dict]:
-    """What the prepare step left: the cache this run trains on and its counts (None before it ran)."""
+def _data_summary(layout: RunDir, record: Optional[RunRecord] = None) -> Optional[dict]:
+    """What the prepare step left: the cache this run trains on, its counts and its sources (None before it ran)."""
     if not layout.data_pointer.exists():
         return None
     try:
@@ -94,7 +94,7 @@ def _data_summary(layout: RunDir) -> Optional[dict]:
         counts = splits.get(split)
         if isinstance(counts, dict):
             out[split] = {k: counts.get(k) for k in ("samples", "tokens", "trained_tokens")}
-    sources = describe_sources(cache.meta)  # a mixture: one line per source (fsdp_workflow.data.mixture)
+    sources = source_lines(record if record is not None else open_run(layout.root), cache.meta)
     if sources:
         out["sources"] = sources
     return out
@@ -140,7 +140,7 @@ def collect(run_dir: PathLike, record: Optional[RunRecord] = None) -> RunStatus:
     rs.code = _code_record(rec.provenance)
     rs.train_exit = _train_exit(rec)
     rs.requeue_marker = layout.requeue_marker.exists()
-    rs.data = _data_summary(layout)
+    rs.data = _data_summary(layout, rec)
     rs.progress = run_progress(rec, rs.jobs)
     rs.consolidated_dir, rs.consolidated = str(rec.model.path), rec.model.state
     rs.verification = rec.model.verification
