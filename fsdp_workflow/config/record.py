@@ -177,6 +177,8 @@ class RunRecord:
     def __init__(self, root: PathLike) -> None:
         self.root = Path(os.path.abspath(root))
         self.problems: List[str] = []  # "PATH[:LINE]: why", in the order the files were read
+        # files that always sit in the run directory itself: found without loading the config
+        self._files = RunDir(self.root)
 
     # ------------------------------------------------------------ planning
     @cached_property
@@ -187,7 +189,7 @@ class RunRecord:
         from fsdp_workflow.config.errors import ConfigError
         from fsdp_workflow.config.load import load_run_config
 
-        path = RunDir(self.root).config
+        path = self._files.config
         try:
             return load_run_config(path), ""
         except FileNotFoundError:
@@ -224,40 +226,40 @@ class RunRecord:
     @cached_property
     def provenance(self) -> Optional[Dict[str, Any]]:
         """``provenance.json``: the command, git revision, code snapshot, config hash (None when absent or broken)."""
-        return read_json_object(self.layout.provenance, self.problems)
+        return read_json_object(self._files.provenance, self.problems)
 
     @cached_property
     def jobs(self) -> List[Tuple[str, str]]:
         """``(role, job id)`` of every submitted job, oldest first (``jobs.txt``)."""
-        return self.layout.submitted_jobs()
+        return self._files.submitted_jobs()
 
     # ------------------------------------------------------------ exits
     @cached_property
     def train_exit(self) -> Optional[Dict[str, Any]]:
         """``train_exit.json``: the trainer's exit code and reason (None before a run ended)."""
-        rec = read_json_object(self.layout.train_exit, self.problems)
+        rec = read_json_object(self._files.train_exit, self.problems)
         if rec is not None:
             code = rec.get("exit_code")
             if not isinstance(code, int) or isinstance(code, bool):
-                self.problems.append(f"{self.layout.train_exit}: no integer exit_code (found {code!r})")
+                self.problems.append(f"{self._files.train_exit}: no integer exit_code (found {code!r})")
         return rec
 
     def job_exit(self, role: str, job_id: str) -> Optional[Dict[str, Any]]:
         """The exit record a job's script wrote (``job_exits/<role>-<id>.json``), if any."""
-        return read_record(self.layout.job_exit(role, job_id))
+        return read_record(self._files.job_exit(role, job_id))
 
     # ------------------------------------------------------------ series
     @cached_property
     def metrics(self) -> StepRecords:
         """``metrics.jsonl``: one record per optimizer step (loss, tokens/s, MFU, eval loss, time...)."""
-        series = read_steps(self.layout.metrics)
+        series = read_steps(self._files.metrics)
         self.problems += series.problems
         return series
 
     @cached_property
     def evals(self) -> StepRecords:
         """``evals.jsonl``: one record per evaluated checkpoint (status, perplexity, loss...)."""
-        series = read_steps(self.layout.evals_file)
+        series = read_steps(self._files.evals_file)
         self.problems += series.problems
         return series
 
@@ -265,7 +267,7 @@ class RunRecord:
     @cached_property
     def checkpoints(self) -> List[Tuple[int, Path]]:
         """Complete ``step-N`` checkpoints, oldest first."""
-        return self.layout.list_checkpoints()
+        return self._files.list_checkpoints()
 
     @cached_property
     def model(self) -> ModelOutput:
