@@ -36,11 +36,9 @@ def source_lines(record: RunRecord, meta: Optional[Dict[str, Any]] = None) -> Li
         meta: the cache's meta.json (:func:`cache_meta`); read here when None.
 
     Returns:
-        The lines; empty for synthetic data or a config that does not load.
+        The lines: from the cache's meta.json when it has them, else from the config; empty for
+        synthetic data, or without either.
     """
-    cfg = record.config
-    if cfg is None or cfg.data.source == DataSource.synthetic:
-        return []
     meta = meta if meta is not None else cache_meta(record)
     rows = meta.get("sources") if meta else None
     if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
@@ -49,6 +47,9 @@ def source_lines(record: RunRecord, meta: Optional[Dict[str, Any]] = None) -> Li
         r = rows[0]
         return [f"{r.get('path')}: {r.get('train_documents', 0):,} documents (100.0%), {r.get('train_tokens', 0):,} "
                 f"tokens, {r.get('records', 0):,} records read, {r.get('bad_records', 0):,} bad"]
+    cfg = record.config  # before a prepare: the configured sources, without counts
+    if cfg is None or cfg.data.source == DataSource.synthetic:
+        return []
     if cfg.data.sources:
         total = sum(s.weight or 0.0 for s in cfg.data.sources)
         out = []

@@ -258,3 +258,19 @@ def test_the_card_command_refuses_a_wrong_path_with_exit_2_and_writes_nothing(tm
     err = capsys.readouterr().err
     assert ("not a run directory (no config.yaml)" if bad == "run" else "no such model directory") in err
     assert not (out / CARD_FILE).exists()
+
+
+def test_the_plan_passes_the_run_directory_and_the_models_to_the_card(tmp_path):
+    """consolidate.sbatch and the local chain run the card with paths the plan knows, never guessed."""
+    import sys
+
+    from fsdp_workflow.config.load import compose
+    from fsdp_workflow.plan.spec import build_plan
+
+    root = tmp_path / "run dir"
+    plan = build_plan(compose(["+experiment=smoke", f"run_dir={root}", "train.ema_decay=0.9"]))
+    assert plan.card_argv == [sys.executable, "-m", "fsdp_workflow.report.card", str(plan.layout.hf_model_ema),
+                              str(plan.layout.hf_model), "--run-dir", str(plan.layout.root)]
+    assert plan.consolidate is not None and plan.consolidate.after_argvs == [plan.card_argv]
+    off = build_plan(compose(["+experiment=smoke", f"run_dir={root}", "consolidate.enabled=false"]))
+    assert off.card_argv == [] and off.consolidate is None
