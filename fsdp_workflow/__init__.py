@@ -4,15 +4,19 @@ Pipeline stages, each a subpackage, each importing only the ones above it in thi
 (``tests/test_imports.py``):
 
 * ``core``        - the run-directory contract, exit codes, sizes, allow-list unpickling
-* ``config``      - typed schema, cross-field validation, the Accelerate environment
+* ``config``      - typed schema, cross-field validation, the Accelerate environment, and the
+                    run record (``config.record``): the one read side of a run directory
 * ``container``   - Apptainer / pyxis wrapping of each step, as data
 * ``plan``        - the launch built as data and rendered (sbatch, submit.sh, launcher)
 * ``launch``      - run the plan locally or submit it to Slurm
 * ``train``       - the per-rank trainer (Accelerate + FSDP/DeepSpeed, DCP checkpoints)
 * ``consolidate`` - stream sharded checkpoints into safetensors and verify them
 * ``evaluate``    - one checkpoint: consolidate it, measure held-out perplexity
+* ``report``      - status, the model card, curves and plots, all read from the run record;
+                    above train and consolidate, and nothing below imports it
+                    (``fsdp_workflow.status`` is its status command's entry point)
 
-``train`` and ``consolidate`` rest on ``config`` and ``core`` only.
+``data`` feeds ``train``; ``train`` and ``consolidate`` rest on ``config`` and ``core`` only.
 """
 
 __version__ = "0.1.0"

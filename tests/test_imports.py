@@ -1,12 +1,18 @@
-"""The package's shape: stages only look down, no import cycles, run-directory names in one module.
+"""The package's shape: stages only look down, no import cycles (inside a package too), run-directory names in one module.
 
 The imports are read from the source (``ast``), function-level ones included:
-a lazy import is still a dependency. ``if TYPE_CHECKING:`` imports are not.
+a lazy import is still a dependency. For the stage order ``if TYPE_CHECKING:``
+imports are not counted; for cycles they are: a type-only cycle still means two
+modules that cannot be understood, moved or tested apart.
 
     core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
                  ^----  data  <-  train ;  consolidate (config and core only)
-                 ^----  evaluate (consolidate, train, data) ; status (core, config, data)
+                 ^----  evaluate (consolidate, train, data)
+                 ^----  report (status, model card, curves: above train, consolidate, data)  <-  status (its CLI alias)
     preflight (core, config, plan: the snapshot's hash), run in the training job before torchrun
+
+The run record (``config/record.py``) sits in ``config``: every stage that reads a run
+directory may ask it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ ALLOWED: Dict[str, Set[str]] = {
     "train": {"core", "config", "data"},
     "consolidate": {"core", "config"},
     "evaluate": {"core", "config", "consolidate", "train", "data"},
-    "status": {"core", "config", "data"},
+    # the report stage sits above train and consolidate; nothing below it imports it
+    "report": {"core", "config", "data", "train", "consolidate"},
+    "status": {"report"},  # python -m fsdp_workflow.status: the report stage's status command, where the docs put it
     "__main__": {"core", "config", "container", "plan", "launch", "data"},
     "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
     "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
@@ -60,13 +68,20 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def _imports(path: Path, mods: Dict[str, Path]) -> Set[str]:
-    """The package modules ``path`` imports (module-level and function-level)."""
-    name = _module_name(path)
+def _imports(path: Path, mods: Dict[str, Path], type_only: bool = False, name: str = "") -> Set[str]:
+    """The package modules ``path`` imports (module-level and function-level).
+
+    Args:
+        path: the module's file.
+        mods: every module of the package, by dotted name.
+        type_only: count ``if TYPE_CHECKING:`` imports too (the cycle check does).
+        name: the module's dotted name (default: from its path in the package).
+    """
+    name = name or _module_name(path)
     pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
-    skip = {id(n) for top in ast.walk(tree) if isinstance(top, ast.If) and _is_type_checking(top)
-            for n in ast.walk(top)}
+    skip = set() if type_only else {id(n) for top in ast.walk(tree) if isinstance(top, ast.If)
+                                    and _is_type_checking(top) for n in ast.walk(top)}
     found: Set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -85,9 +100,9 @@ def _imports(path: Path, mods: Dict[str, Path]) -> Set[str]:
     return {m for m in found if m in mods} - {name}
 
 
-def _graph() -> Dict[str, Set[str]]:
+def _graph(type_only: bool = False) -> Dict[str, Set[str]]:
     mods = _modules()
-    return {name: _imports(path, mods) for name, path in mods.items()}
+    return {name: _imports(path, mods, type_only) for name, path in mods.items()}
 
 
 def _stage(module: str) -> str:
@@ -148,11 +163,31 @@ def test_every_stage_is_known() -> None:
 
 
 def test_no_import_cycles() -> None:
-    assert _cycles(_graph()) == []
+    """No cycle anywhere, inside a package included, type-only imports counted."""
+    assert _cycles(_graph(type_only=True)) == [], "break the cycle: move the shared names to a module both import"
 
 
 def test_stages_only_look_down() -> None:
     assert upward_edges(_graph()) == [], "an import against the stage order (see this module's docstring)"
+
+
+def test_nothing_below_the_report_stage_imports_it() -> None:
+    """report sits above train and consolidate: only its CLI alias (status) may name it."""
+    assert {s for s, allowed in ALLOWED.items() if "report" in allowed} == {"status"}
+    users = sorted(src for src, dsts in _graph(type_only=True).items()
+                   if _stage(src) not in ("report", "status") and any(_stage(d) == "report" for d in dsts))
+    assert users == []
+
+
+def test_a_type_only_cycle_inside_a_package_is_caught(tmp_path: Path) -> None:
+    """The cycle check reads ``if TYPE_CHECKING:`` imports: a type-only cycle between two siblings fails it."""
+    (tmp_path / "a.py").write_text("from fsdp_workflow.report.status import b\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from fsdp_workflow.report.status.a import X\n")
+    mods = {"fsdp_workflow.report.status.a": tmp_path / "a.py", "fsdp_workflow.report.status.b": tmp_path / "b.py"}
+    graph = {n: _imports(p, mods, type_only=True, name=n) for n, p in mods.items()}
+    assert _cycles(graph) == [sorted(mods)]
+    assert _imports(tmp_path / "b.py", mods, name="fsdp_workflow.report.status.b") == set()  # the stage order ignores it
 
 
 def test_the_checks_catch_a_cycle_and_an_upward_edge() -> None:

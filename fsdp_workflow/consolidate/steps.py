@@ -33,7 +33,6 @@ from .average import normalise_weights
 from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
-from .card import base_model_dirs, find_run_dir, write_model_card
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .keys import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
@@ -226,7 +225,7 @@ def write_output(source: Source, plan: OutputPlan, staging: Path, settings: Writ
     if ref is not None:
         copied = copy_assets(ref.path, staging, ref.config)
         write_config(ref.config, staging, archs, plan.dtype)
-    copied += copy_licenses(base_model_dirs(ref.path if ref else None, find_run_dir(source.dirs)), staging)
+    copied += copy_licenses([ref.path] if ref else [], staging)  # hf_assets/ keeps the base model's licences
     return Written(staging, tied_identical, copied, archs, arch, outcome, bad)
 
 
@@ -353,7 +352,11 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
 
 def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source, *,
                   replace: bool = False) -> None:
-    """Write verification.json and, once it is ok, the model card (README.md); then move the staging directory to ``out``.
+    """Write verification.json, then move the staging directory to ``out`` once verification passed.
+
+    verification.json also names the checkpoint directories the weights came from (``sources``):
+    the report stage's model card (:mod:`fsdp_workflow.report.card`, run next by the consolidation
+    job) reads the steps there.
 
     The move is a rename; the caller holds Ctrl-C off around it (:func:`deferred_interrupt`).
     With ``replace`` an existing ``out`` is first renamed aside, then removed once the new
@@ -372,14 +375,11 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
             something other than this tool, whose runs hold a lock on it); ``out`` is not
             touched (the caller's :func:`staging_dir` removes the staging directory).
     """
+    report["sources"] = [str(d) for d in source.dirs]  # type: ignore[typeddict-unknown-key]  # read by the card
     (staging / VERIFICATION_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if not report["ok"]:
         raise ConsolidationError(f"verification failed for {source.dirs[-1]}: " + "; ".join(report["errors"])
                                  + f". Nothing was written to {out}.")
-    note = write_model_card(staging, source.dirs, source.reference.path if source.reference else None, report,
-                            final_dir=out)
-    if note:
-        log.warning("note: %s", note)
     old = None
     if replace and (out.exists() or out.is_symlink()):
         old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fsdp_workflow.config.record import open_run
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.render import TERMINAL_STATES
 
@@ -76,7 +77,7 @@ def live_chain_problem(run_dir: Path) -> Optional[str]:
     Returns:
         None when no job of ``jobs.txt`` is pending or running; else the message to print (exit 2).
     """
-    layout = RunDir.recorded(run_dir)
+    layout = open_run(run_dir).layout  # cluster.log_dir as the run's config sets it
     try:
         live = live_jobs(layout)
     except SlurmUnreachable as err:

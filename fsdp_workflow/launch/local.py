@@ -295,6 +295,12 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
         if rc != 0:
             log.error("[fsdp_workflow] consolidation failed (exit code %s); the checkpoints are untouched.", rc)
             return rc
+    if plan.card_argv:  # the report stage: README.md (and loss_curve.png) beside the verified weights
+        rc = _run(_this_python(plan.card_argv), env)
+        if rc != 0:
+            log.error("[fsdp_workflow] the model card command failed (exit code %s); the model is verified and "
+                      "in place.", rc)
+            return rc
     out = str(layout.hf_model)
     print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
     if plan.consolidate_ema_argv:

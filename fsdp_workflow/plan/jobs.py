@@ -45,6 +45,7 @@ class SbatchJob:
         step_argv: what the job's step runs.
         after: the role this job waits for (``--dependency=afterok``), or None.
         before_argvs: commands run before ``step_argv``, each of which must succeed.
+        after_argvs: commands run once ``step_argv`` succeeded (the consolidation job's model card).
     """
 
     role: str
@@ -54,6 +55,7 @@ class SbatchJob:
     step_argv: List[str] = field(default_factory=list)
     after: Optional[str] = None
     before_argvs: List[List[str]] = field(default_factory=list)
+    after_argvs: List[List[str]] = field(default_factory=list)
 
 
 def sbatch_argv(job: SbatchJob, run_dir: Path, after_id: Optional[str] = None,
@@ -89,6 +91,8 @@ class LaunchPlan:
         prepare_argv: ``python -m fsdp_workflow.data.prepare RUN_DIR``, wrapped; empty for synthetic data.
         consolidate_argv: ``python -m fsdp_workflow.consolidate ...``, wrapped; empty when disabled.
         consolidate_ema_argv: the EMA's consolidation (``hf_model_ema/``), run first; empty without one.
+        card_argv: ``python -m fsdp_workflow.report.card MODEL... --run-dir RUN_DIR``, wrapped: the model
+            card, run after the consolidations (empty when consolidation is off).
         chain: the jobs ``submit.sh`` submits, in order (prepare, train afterok, consolidate afterok).
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
@@ -112,6 +116,7 @@ class LaunchPlan:
     nccl_env: Dict[str, str]
     eval_job: Optional[SbatchJob] = None
     consolidate_ema_argv: List[str] = field(default_factory=list)
+    card_argv: List[str] = field(default_factory=list)
     shutdown_timeout_s: int = 30
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step

@@ -401,6 +401,7 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
         *site_env_lines(plan),
         *(shell_join(argv) for argv in job.before_argvs),
         shell_join(job.step_argv),
+        *(shell_join(argv) for argv in job.after_argvs),
         "",
     ]
     return "\n".join(lines)

@@ -21,7 +21,6 @@ A run directory is never reused by accident:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import ConfigError, Issue, show_value
 from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
+from fsdp_workflow.config.record import open_run
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
@@ -211,10 +211,8 @@ def written_names(plan: LaunchPlan) -> List[str]:
     The "wrote" line of a dry run lists these, never files that were there before.
     """
     layout = plan.layout
-    try:
-        files = list(json.loads(layout.provenance.read_text()).get("files", []))
-    except (OSError, ValueError, AttributeError):
-        files = []
+    files = (open_run(layout.root).provenance or {}).get("files")  # the run record's reading of provenance.json
+    files = [str(f) for f in files] if isinstance(files, list) else []
     names = sorted({*files, layout.provenance.name})
     if plan.code_dir is not None:
         names.append(f"{layout.code.name}/")

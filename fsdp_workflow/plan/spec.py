@@ -155,6 +155,20 @@ def consolidate_argv(cfg: WorkflowConfig, layout: RunDir, ema: bool = False) -> 
     return argv
 
 
+def card_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
+    """The report stage's model card for the consolidated model(s), run after their consolidation.
+
+    The run directory is passed, not guessed from where the checkpoints sit: the card reads
+    the run's record (config, metrics, evals, data sources) through it.
+
+    Args:
+        cfg: a validated config.
+        layout: its run directory.
+    """
+    models = ([str(layout.hf_model_ema)] if cfg.train.ema_decay is not None else []) + [str(layout.hf_model)]
+    return ["python", "-m", "fsdp_workflow.report.card", *models, "--run-dir", str(layout.root)]
+
+
 def _sbatch_value(key: str, value: object) -> str:
     text = str(value)
     if not SAFE_SBATCH_VALUE.match(text):
@@ -246,10 +260,12 @@ def preflight_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
 
 
 def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
-             after: Optional[str] = None, before: Optional[List[List[str]]] = None) -> SbatchJob:
+             after: Optional[str] = None, before: Optional[List[List[str]]] = None,
+             then: Optional[List[List[str]]] = None) -> SbatchJob:
     """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources.
 
-    ``before``: commands the job runs first, each wrapped like ``argv`` (the EMA's consolidation).
+    ``before``: commands the job runs first, each wrapped like ``argv`` (the EMA's consolidation);
+    ``then``: commands it runs once ``argv`` succeeded (the model card).
     """
     attach = srun_container_args(cfg, step)
     # a runtime that attaches the image to an srun step (pyxis) needs one; otherwise run in the batch shell
@@ -260,6 +276,7 @@ def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: 
         step_argv=as_step(argv),
         after=after,
         before_argvs=[as_step(a) for a in before or []],
+        after_argvs=[as_step(a) for a in then or []],
     )
 
 
@@ -285,12 +302,14 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     chain.append(train)
     cons_argv: List[str] = []
     ema_argv: List[str] = []
+    card: List[str] = []
     if cfg.consolidate.enabled:
         cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
         if cfg.train.ema_decay is not None:
             ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), "consolidate")
+        card = wrap_argv(cfg, card_argv(cfg, layout), "consolidate")
         chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train",
-                              before=[ema_argv] if ema_argv else None))
+                              before=[ema_argv] if ema_argv else None, then=[card]))
     eval_job = None
     if cfg.consolidate.every_checkpoint:
         eval_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.evaluate", str(layout.root), Expand("${STEP}")],
@@ -302,6 +321,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         prepare_argv=prep_argv,
         consolidate_argv=cons_argv,
         consolidate_ema_argv=ema_argv,
+        card_argv=card,
         chain=chain,
         max_requeues=c.max_requeues,
         master_port_base=c.master_port_base,

@@ -1,13 +1,10 @@
-"""``python -m fsdp_workflow.status RUN_DIR``: where a submitted run stands.
+"""``python -m fsdp_workflow.status RUN_DIR``: the status command where the docs and every printed hint name it.
 
-:mod:`.collect` reads the run directory, Slurm and the checkpoints into a
-``RunStatus``; :mod:`.text` renders it for a terminal; :mod:`.__main__` is the
-command line. :mod:`.eta` (pace, ETA, Slurm time left, requeues), :mod:`.curves`
-(terminal curves), :mod:`.plot` (``--plot``) and :mod:`.watch` (``--watch``) add
-the progress part.
+The code lives in the report stage, :mod:`fsdp_workflow.report.status`; this package is only
+its stable entry point (a thin alias), so the command users paste, the scripts print
+(``submit.sh``, the launcher) and the docs show keeps working.
 """
 
-from fsdp_workflow.status.collect import RunStatus, collect
-from fsdp_workflow.status.text import format_text
+from fsdp_workflow.report.status import RunStatus, collect, format_text
 
 __all__ = ["RunStatus", "collect", "format_text"]

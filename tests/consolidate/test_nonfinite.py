@@ -22,6 +22,7 @@ import torch
 from fsdp_workflow.consolidate.nonfinite import NonFiniteScan
 from fsdp_workflow.consolidate.reader import ChunkHandle, DcpCheckpoint
 from fsdp_workflow.core.exit_codes import EXIT_NONFINITE
+from fsdp_workflow.report.card import main as card_main
 
 from . import layouts
 from .conftest import load_out
@@ -127,6 +128,7 @@ def test_allow_nonfinite_writes_them_and_says_so(tmp_path: Path) -> None:
     report = json.loads((out / "verification.json").read_text())
     assert report["nonfinite"]["allowed"] is True and report["nonfinite"]["tensors"] == bad
     assert any("--allow-nonfinite" in n and "'big.weight' (1 NaN, 2 inf)" in n for n in report["notes"])
+    assert card_main([str(out)]) == 0  # the report stage's card, as the consolidation job runs it next
     card = (out / "README.md").read_text()
     assert "non-finite weights" in card and "'big.weight' (1 NaN, 2 inf)" in card and "'small.bias' (1 NaN)" in card
     got = load_out(out)
@@ -141,6 +143,7 @@ def test_finite_model_records_the_scan(tmp_path: Path) -> None:
     assert _cli(str(root), str(tmp_path / "out")).returncode == 0
     report = json.loads((tmp_path / "out" / "verification.json").read_text())
     assert report["nonfinite"]["tensors"] == {} and report["nonfinite"]["allowed"] is False
+    assert card_main([str(tmp_path / "out")]) == 0
     assert "non-finite" not in (tmp_path / "out" / "README.md").read_text()
 
 

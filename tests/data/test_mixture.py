@@ -162,7 +162,7 @@ def test_summary_lists_sources_then_tokens_after_prepare(tmp_path: Path, three: 
 
 
 def test_status_names_the_sources(tmp_path: Path, three: Dict[str, Path]) -> None:
-    from fsdp_workflow.status.collect import _data_summary
+    from fsdp_workflow.report.status.collect import _data_summary
 
     cfg = _mix_cfg(tmp_path / "run", three, [2, 1, 1])
     prepare(cfg, num_workers=1, progress=False)

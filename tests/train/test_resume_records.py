@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_workflow.core.curves import read_series
+from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.train.metrics import keep_steps_up_to
 from tests.train.runner import kill_tree, log_text, metrics_steps, start_cli, wait_for_step
 

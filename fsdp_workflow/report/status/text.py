@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fsdp_workflow.core.curves import read_series
-from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.status.collect import RunStatus
-from fsdp_workflow.status.curves import curve_block
-from fsdp_workflow.status.eta import progress_lines
+from fsdp_workflow.config.record import open_run
+from fsdp_workflow.report.curves import series_of
+from fsdp_workflow.report.status.collect import RunStatus
+from fsdp_workflow.report.status.curves import curve_block
+from fsdp_workflow.report.status.eta import progress_lines
 
 
 def format_text(rs: RunStatus, width: int = 80) -> str:
@@ -81,5 +81,5 @@ def format_text(rs: RunStatus, width: int = 80) -> str:
         lines.append(f"consolidate the newest checkpoint with: {rs.consolidate_command}")
     lines += progress_lines(rs.progress)
     if rs.progress is not None and rs.progress.step is not None:
-        lines += [""] + curve_block(read_series(RunDir(rs.run_dir).metrics), width)
+        lines += [""] + curve_block(series_of(open_run(rs.run_dir).metrics), width)
     return "\n".join(lines)

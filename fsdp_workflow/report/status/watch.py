@@ -2,7 +2,7 @@
 
 The watch ends by itself when the chain is finished (exit 0), has failed (the failed
 job's exit code, else 1), or can never progress (2: a pending reason that means never);
-see :func:`fsdp_workflow.status.collect.chain_outcome`. Ctrl-C exits 0.
+see :func:`fsdp_workflow.report.status.collect.chain_outcome`. Ctrl-C exits 0.
 """
 
 from __future__ import annotations

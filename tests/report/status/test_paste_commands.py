@@ -15,12 +15,11 @@ import subprocess
 from pathlib import Path
 from typing import List
 
-import yaml
 
 from fsdp_workflow.launch.sweep import record_planned
-from fsdp_workflow.status.__main__ import main
+from fsdp_workflow.report.status.__main__ import main
 
-from .fixtures import write_heartbeat, write_run
+from .fixtures import config_yaml, write_heartbeat, write_run
 from .test_liveness import _dcp_checkpoint, _dead_pid
 
 EVIL = "x$(touch PWNED)y'\""
@@ -53,7 +52,7 @@ def _printed(run_root: Path, capsys, prefix: str) -> str:
 
 def _stopped_run(root: Path, kind: str):
     run = write_run(root, steps=20, alive=False)
-    run.config.write_text(yaml.safe_dump({"name": "f", "train": {"max_steps": 100}, "cluster": {"kind": kind}}))
+    run.config.write_text(config_yaml(run.root, "name=f", "train.max_steps=100", f"cluster.kind={kind}"))
     _dcp_checkpoint(run.step_dir(20))
     run.train_exit.write_text(json.dumps({"exit_code": 75, "reason": "interrupted (SIGINT)", "step": 20,
                                           "checkpoint": str(run.step_dir(20))}))

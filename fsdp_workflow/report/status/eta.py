@@ -12,13 +12,11 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
-from fsdp_workflow.core.curves import Series, read_series
-from fsdp_workflow.core.rundir import RunDir
-
-if TYPE_CHECKING:
-    from fsdp_workflow.status.collect import JobStatus
+from fsdp_workflow.config.record import RunRecord
+from fsdp_workflow.report.curves import Series, series_of
+from fsdp_workflow.report.status.jobs import JobStatus
 
 PACE_WINDOW = 20  # steps
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
@@ -76,7 +74,7 @@ def _last(xs: Sequence[float]) -> Optional[float]:
     return None
 
 
-def progress(series: Series, max_steps: Any, jobs: "List[JobStatus]") -> Progress:
+def progress(series: Series, max_steps: Any, jobs: List[JobStatus]) -> Progress:
     """The progress numbers of a run.
 
     Args:
@@ -111,16 +109,18 @@ def progress(series: Series, max_steps: Any, jobs: "List[JobStatus]") -> Progres
     return p
 
 
-def run_progress(layout: RunDir, jobs: "List[JobStatus]") -> Progress:
-    """:func:`progress` of a run directory: its metrics.jsonl and config.yaml's ``train.max_steps``."""
-    import yaml
+def run_progress(record: RunRecord, jobs: List[JobStatus]) -> Progress:
+    """:func:`progress` of a run: its metrics series and the typed config's ``train.max_steps``.
 
-    try:
-        cfg = yaml.safe_load(layout.config.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        cfg = {}
-    train = cfg.get("train") if isinstance(cfg, dict) and isinstance(cfg.get("train"), dict) else {}
-    return progress(read_series(layout.metrics), train.get("max_steps"), jobs)
+    Args:
+        record: the run's record.
+        jobs: its jobs (:func:`progress`).
+
+    Returns:
+        The numbers; ``max_steps`` is unknown when the config does not load.
+    """
+    cfg = record.config
+    return progress(series_of(record.metrics), cfg.train.max_steps if cfg is not None else None, jobs)
 
 
 def duration(seconds: float) -> str:

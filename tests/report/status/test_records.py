@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from fsdp_workflow.status.__main__ import main
+from fsdp_workflow.report.status.__main__ import main
 
 from .fixtures import write_heartbeat, write_run
 

@@ -12,13 +12,13 @@ import hashlib
 import json
 from pathlib import Path
 
-import yaml
 
 from fsdp_workflow.core.job_exit import explain, first_error_line
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.status.collect import chain_outcome, collect
-from fsdp_workflow.status.sweep import collect_sweep, format_sweep
-from fsdp_workflow.status.text import format_text
+from fsdp_workflow.report.status.collect import chain_outcome, collect
+from fsdp_workflow.report.status.sweep import collect_sweep, format_sweep
+from fsdp_workflow.report.status.text import format_text
+from .fixtures import config_yaml
 
 GONE = ["990000001", "990000002", "990000003"]  # ids no cluster knows
 
@@ -26,7 +26,7 @@ GONE = ["990000001", "990000002", "990000003"]  # ids no cluster knows
 def _run(root: Path) -> RunDir:
     run = RunDir(root)
     root.mkdir(parents=True)
-    run.config.write_text(yaml.safe_dump({"cluster": {"kind": "slurm"}, "train": {"max_steps": 30}}))
+    run.config.write_text(config_yaml(run.root, "cluster.kind=slurm", "train.max_steps=30"))
     run.logs.mkdir()
     return run
 

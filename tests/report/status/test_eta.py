@@ -1,12 +1,13 @@
-"""Pace, ETA, Slurm time left and requeues (:mod:`fsdp_workflow.status.eta`)."""
+"""Pace, ETA, Slurm time left and requeues (:mod:`fsdp_workflow.report.status.eta`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fsdp_workflow.core.curves import read_series
-from fsdp_workflow.status.collect import JobStatus
-from fsdp_workflow.status.eta import progress, progress_lines, run_progress, seconds_per_step, slurm_seconds
+from fsdp_workflow.report.curves import read_series
+from fsdp_workflow.config.record import open_run
+from fsdp_workflow.report.status.jobs import JobStatus
+from fsdp_workflow.report.status.eta import progress, progress_lines, run_progress, seconds_per_step, slurm_seconds
 
 from .fixtures import MAX_STEPS, PACE_S, STEPS, write_run
 
@@ -34,7 +35,7 @@ def test_eta_time_left_and_requeues(tmp_path):
     run = write_run(tmp_path / "run")
     jobs = [_train("done", restarts=1, max_requeues=3),
             _train("running", restarts=1, max_requeues=3, time_limit="00:30:00", run_time="00:26:00")]
-    p = run_progress(run, jobs)
+    p = run_progress(open_run(run.root), jobs)
     assert (p.step, p.max_steps) == (STEPS, MAX_STEPS)
     assert p.eta_s == pytest.approx((MAX_STEPS - STEPS) * PACE_S)  # 500 steps x 0.5 s = 250 s
     assert (p.time_limit_s, p.time_left_s, p.train_job) == (1800.0, 240.0, "42")
@@ -49,7 +50,7 @@ def test_eta_time_left_and_requeues(tmp_path):
 
 def test_no_running_job_no_time_left_and_a_finished_run_says_done(tmp_path):
     run = write_run(tmp_path / "run")
-    p = run_progress(run, [_train("queued", time_limit="00:30:00")])
+    p = run_progress(open_run(run.root), [_train("queued", time_limit="00:30:00")])
     assert p.time_left_s is None and p.requeues == 0
     assert "slurm time left: no training job running" in progress_lines(p)
     done = progress(read_series(run.metrics), STEPS, [])

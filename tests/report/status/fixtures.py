@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
-import yaml
-
+from fsdp_workflow.config.load import compose, to_yaml
+from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import RunDir
 
 STEPS = 500  # logged so far
@@ -35,6 +37,20 @@ def eval_at(step: int) -> float:
     return smooth(step) + 0.1
 
 
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: Tuple[str, ...]) -> WorkflowConfig:
+    return compose(["+experiment=smoke", *overrides])
+
+
+def config_yaml(root: Path, *overrides: str) -> str:
+    """A full ``config.yaml`` as the planner writes it: the smoke experiment with ``overrides``, run_dir ``root``.
+
+    The run record reads the config through the schema, as every job does, so a fixture's
+    config is a real one (composed once per set of overrides).
+    """
+    return to_yaml(dataclasses.replace(_composed(tuple(overrides)), run_dir=str(root)))
+
+
 def write_heartbeat(run: RunDir, rank: int, pid: int, age_s: float = 0.0, host: Optional[str] = None,
                     interval_s: float = 5.0) -> None:
     """A heartbeat as the trainer's writes it (train/heartbeat.py), last beaten ``age_s`` ago."""
@@ -52,7 +68,7 @@ def write_run(root: Path, steps: int = STEPS, alive: bool = True) -> RunDir:
     """
     run = RunDir(root)
     root.mkdir(parents=True)
-    run.config.write_text(yaml.safe_dump({"name": "fixture", "train": {"max_steps": MAX_STEPS}}))
+    run.config.write_text(config_yaml(run.root, "name=fixture", f"train.max_steps={MAX_STEPS}"))
     lines, t = [], T0
     for step in range(1, steps + 1):
         t += PACE_S + (REQUEUE_GAP_S if step == 251 else 0.0)

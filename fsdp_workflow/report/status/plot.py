@@ -1,7 +1,8 @@
 """``status --plot OUT.png``: the run's loss (with eval losses), tokens/s and MFU as a picture.
 
-Needs matplotlib, the ``plot`` extra (``pip install 'fsdp_workflow[plot]'``); without it the
-command says so and exits 2.
+Drawn by :func:`fsdp_workflow.report.plot.write_png`, the function that draws the model
+card's ``loss_curve.png``. matplotlib is a dependency of the package; should it be missing,
+the command says how to install it and exits 2.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from fsdp_workflow.core.curves import PlotUnavailable, read_series, write_png
+from fsdp_workflow.config.record import open_run
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
-from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.report.curves import series_of
+from fsdp_workflow.report.plot import PlotUnavailable, write_png
 
 
 def plot_target_problem(out: Path) -> Optional[str]:
@@ -39,13 +41,14 @@ def plot_target_problem(out: Path) -> Optional[str]:
 
 def plot_run(run_dir: Path, out: Path) -> int:
     """Write ``out`` from ``run_dir``'s metrics.jsonl; the exit code (0, or 2 with a message on stderr)."""
-    metrics = RunDir(run_dir).metrics
+    record = open_run(run_dir)
+    metrics = record.layout.metrics
     problem = plot_target_problem(out)
     if problem:
         print(f"fsdp_workflow.status: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        write_png(read_series(metrics), out, title=Path(run_dir).name)
+        write_png(series_of(record.metrics), out, title=Path(run_dir).name)
     except PlotUnavailable as err:
         print(f"fsdp_workflow.status: {err}", file=sys.stderr)
         return EXIT_USAGE

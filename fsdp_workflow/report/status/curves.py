@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from fsdp_workflow.core.curves import Series, bridge, columns, finite
+from fsdp_workflow.report.curves import Series, bridge, columns, finite
 
 # braille dot bits by (x 0..1, y 0..3 from the top)
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))

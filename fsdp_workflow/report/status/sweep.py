@@ -1,7 +1,7 @@
 """``python -m fsdp_workflow.status SWEEP_DIR``: one line per point of a sweep.
 
 Reads the sweep's ``sweep.json`` (written by ``python -m fsdp_workflow -m ...``)
-and each point's run directory through :func:`~fsdp_workflow.status.collect.collect`:
+and each point's run directory through :func:`~fsdp_workflow.report.status.collect.collect`:
 the state of its chain, the last logged step and loss, and its evaluation loss
 (the last per-checkpoint evaluation, else the trainer's last in-loop eval). The
 point with the lowest evaluation loss is marked best; with no evaluation at all
@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fsdp_workflow.core.curves import read_series
-from fsdp_workflow.core.rundir import CONFIG_FILE, RunDir, read_sweep_index
-from fsdp_workflow.status.collect import RunStatus, collect
-from fsdp_workflow.status.commands import shell, status_argv
+from fsdp_workflow.config.record import RunRecord, open_run
+from fsdp_workflow.core.rundir import CONFIG_FILE, read_sweep_index
+from fsdp_workflow.report.curves import series_of
+from fsdp_workflow.report.status.collect import RunStatus, collect
+from fsdp_workflow.report.status.commands import shell, status_argv
 
 # The chain's jobs, in order.
 _CHAIN = ("prepare", "train", "consolidate")
@@ -45,9 +46,9 @@ def _varying(points: List[dict]) -> List[List[str]]:
     return [[o for o in ov if o not in common] for ov in lists]
 
 
-def _metrics_tail(run: RunDir) -> tuple:
+def _metrics_tail(record: RunRecord) -> tuple:
     """(last step, last loss, last in-loop eval loss) of metrics.jsonl; Nones when absent."""
-    series = read_series(run.metrics)
+    series = series_of(record.metrics)
     losses = [x for x in series.loss if math.isfinite(x)]
     return (series.steps[-1] if series.steps else None, losses[-1] if losses else None,
             series.eval_loss[-1] if series.eval_loss else None)
@@ -78,17 +79,13 @@ def collect_sweep(sweep_dir: Path) -> List[PointStatus]:
         ps = PointStatus(int(p.get("num", len(out))), " ".join(varying) or "(no overrides)", str(run_dir),
                          "planned", jobs=dict(p.get("jobs") or {}))
         if (run_dir / CONFIG_FILE).is_file():
-            rs = collect(run_dir)
+            record = open_run(run_dir)
+            rs = collect(run_dir, record)
             ps.state = _state(rs, dry_run=p.get("exit_code") == 0)
-            layout = RunDir.recorded(run_dir)
-            ps.step, ps.loss, loop_eval = _metrics_tail(layout)
+            ps.step, ps.loss, loop_eval = _metrics_tail(record)
             ps.eval_loss = (rs.last_eval or {}).get("loss", loop_eval) if rs.last_eval else loop_eval
-            try:
-                from fsdp_workflow.config.load import load_run_config
-
-                ps.max_steps = load_run_config(run_dir).train.max_steps
-            except Exception:  # noqa: BLE001 - an unreadable config only loses the "/max" part
-                pass
+            if record.config is not None:  # an unreadable config only loses the "/max" part
+                ps.max_steps = record.config.train.max_steps
         out.append(ps)
     scored = [ps for ps in out if isinstance(ps.eval_loss, (int, float))]
     if scored:

@@ -21,7 +21,7 @@ import pytest
 
 from fsdp_workflow.core.exit_codes import EXIT_REQUEUE
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.status.__main__ import main
+from fsdp_workflow.report.status.__main__ import main
 
 from .fixtures import write_heartbeat, write_run
 
@@ -153,8 +153,8 @@ def test_plot_into_a_directory_or_unwritable_path_is_refused_before_anything_is_
 
 
 def test_write_png_leaves_no_tmp_when_the_rename_fails(tmp_path):
-    pytest.importorskip("matplotlib")
-    from fsdp_workflow.core.curves import read_series, write_png
+    from fsdp_workflow.report.curves import read_series
+    from fsdp_workflow.report.plot import write_png
 
     run = write_run(tmp_path / "run", steps=20)
     (tmp_path / "out.png").mkdir()
