@@ -47,7 +47,7 @@ class MeshDims:
         shape = mesh_shape(cfg)
         rep, cp, tp = shape["dp_replicate"], shape["cp"], shape["tp"]
         if cp > 1:
-            raise StrategyError(f"strategy.context_parallel_size={cp}: context parallelism is not built; plan the "
+            raise StrategyError(f"the config asks for context parallelism (cp {cp}), which is not built; plan the "
                                 "run again without it (see docs/parallelism.md)")
         if world % (rep * cp * tp):
             raise StrategyError(
