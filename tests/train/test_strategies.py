@@ -54,6 +54,23 @@ def test_the_typed_config_decides_not_the_environment(tmp_path: Path) -> None:
     assert len(q.chunks) == 2  # sharded over both ranks (FSDP2), not replicated (DDP) nor split for TP
 
 
+def test_no_train_module_reads_the_planned_environment_back() -> None:
+    """The trainer's config values travel as typed values (STYLE.md): the variables the planner writes for
+    Accelerate (ACCELERATE_*, FSDP_*, PARALLELISM_CONFIG_*) are never read under fsdp_workflow/train, nor
+    parsed there through Accelerate's plugin classes. torchrun's (RANK, LOCAL_RANK, WORLD_SIZE), the test
+    fault hooks' and the trackers' own variables remain."""
+    import re
+
+    train = Path(__file__).resolve().parents[2] / "fsdp_workflow" / "train"
+    planned = re.compile(r"""(environ|getenv|env)\b[^\n]*["'](ACCELERATE_|FSDP_|PARALLELISM_CONFIG_)""")
+    offenders = []
+    for path in sorted(train.glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if planned.search(line) or "DataParallelPlugin(" in line:
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert offenders == [], "read cfg instead:\n" + "\n".join(offenders)
+
+
 def test_fsdp1_on_cpu_is_a_clear_error() -> None:
     with pytest.raises(StrategyError, match="strategy=fsdp2"):
         check_strategy_available(StrategyName.fsdp1, "cpu")
