@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict
 
 from fsdp_workflow.config.schema import (
+    ActivationCheckpointing,
     AutoWrapPolicy,
     Device,
     OffloadDevice,
@@ -123,7 +124,9 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
         env["FSDP_USE_ORIG_PARAMS"] = _flag(s.use_orig_params)
         env["FSDP_SYNC_MODULE_STATES"] = _flag(s.sync_module_states)
     env["FSDP_OFFLOAD_PARAMS"] = _flag(s.offload_params)
-    env["FSDP_ACTIVATION_CHECKPOINTING"] = _flag(s.activation_checkpointing)
+    # Accelerate's plugin knows only "every layer": the selective modes are applied by the trainer
+    # itself, from the config (fsdp_workflow.train.activation_checkpointing), so Accelerate must not add its own.
+    env["FSDP_ACTIVATION_CHECKPOINTING"] = _flag(s.activation_checkpointing == ActivationCheckpointing.full)
     # transformers reads this one too: non-zero ranks load on the meta device.
     env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = _flag(s.cpu_ram_efficient_loading)
     return env
@@ -132,8 +135,8 @@ def _fsdp_env(cfg: WorkflowConfig) -> Dict[str, str]:
 def _mesh_env(cfg: WorkflowConfig) -> Dict[str, str]:
     """The device mesh in ``ParallelismConfig``'s variable names, when it has more than one dimension.
 
-    The trainer builds its mesh from these (``fsdp_workflow.train.mesh``); absent,
-    the mesh is one ``dp_shard`` dimension over the world. ``ACCELERATE_USE_PARALLELISM_CONFIG``
+    For Accelerate only: the trainer builds its mesh from the typed config
+    (``fsdp_workflow.train.mesh``, the same :func:`mesh_shape`). ``ACCELERATE_USE_PARALLELISM_CONFIG``
     is deliberately not set, so Accelerate does not build a ``ParallelismConfig`` of its
     own: it refuses one on CPU, and its FSDP2 + TP preparation (accelerate 1.15)
     imports ``ReplicateParallel``, which transformers 5 no longer has. The trainer

@@ -67,7 +67,7 @@ def check_not_implemented(cfg: WorkflowConfig, r: ValidationReport) -> None:
                "trainer's packed documents need their block-diagonal mask (attention would cross documents)")
         r.error("strategy.context_parallel_size", cp, why,
                 "strategy.context_parallel_size=1 (shard long sequences' memory with "
-                "strategy.activation_checkpointing=true and strategy.tensor_parallel_size instead)")
+                "strategy.activation_checkpointing=full and strategy.tensor_parallel_size instead)")
 
 
 def check_packages(cfg: WorkflowConfig, r: ValidationReport) -> None:

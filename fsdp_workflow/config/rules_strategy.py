@@ -11,6 +11,7 @@ from typing import List
 
 from fsdp_workflow.config.accelerate_env import deepspeed_stage, is_deepspeed, is_fsdp
 from fsdp_workflow.config.schema import (
+    ActivationCheckpointing,
     AutoWrapPolicy,
     Device,
     MixedPrecision,
@@ -140,22 +141,44 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 def check_activation_checkpointing(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Ask for activation checkpointing once, in the place the strategy reads it."""
+    """Activation checkpointing: asked once, under a strategy that applies the mode, with a layer count that fits."""
     s, m = cfg.strategy, cfg.model
-    if not s.activation_checkpointing:
+    mode, every = s.activation_checkpointing, s.activation_checkpointing_every_n_layers
+    if mode != ActivationCheckpointing.every_n_layers and every != _DEFAULTS.activation_checkpointing_every_n_layers:
+        r.error(
+            "strategy.activation_checkpointing_every_n_layers", every,
+            f"only activation_checkpointing=every_n_layers reads it; activation_checkpointing is {mode.value}",
+            "strategy.activation_checkpointing=every_n_layers, or drop strategy.activation_checkpointing_every_n_layers",
+        )
+    if mode == ActivationCheckpointing.none:
         return
     if not is_fsdp(s.name):
         r.error(
-            "strategy.activation_checkpointing", True,
-            f"an FSDP-only knob: {s.name.value} ignores FSDP_ACTIVATION_CHECKPOINTING",
-            "strategy.activation_checkpointing=false model.gradient_checkpointing=true",
+            "strategy.activation_checkpointing", mode,
+            f"an FSDP-only knob: {s.name.value} does not apply it",
+            "strategy.activation_checkpointing=none model.gradient_checkpointing=true",
+        )
+    elif s.name == StrategyName.fsdp1 and mode != ActivationCheckpointing.full:
+        r.error(
+            "strategy.activation_checkpointing", mode,
+            "the selective modes are built on the FSDP2 path only (FSDP1 goes through Accelerate's plugin, "
+            "which checkpoints every layer or none)",
+            "strategy=fsdp2, or strategy.activation_checkpointing=full",
         )
     elif m.gradient_checkpointing:
         r.error(
             "model.gradient_checkpointing", True,
             "activation checkpointing asked twice (HF gradient checkpointing and FSDP's): "
             "layers get wrapped twice and recompute twice",
-            "model.gradient_checkpointing=false (keep strategy.activation_checkpointing=true)",
+            f"model.gradient_checkpointing=false (keep strategy.activation_checkpointing={mode.value})",
+        )
+    if mode == ActivationCheckpointing.every_n_layers and every > m.num_hidden_layers:
+        r.error(
+            "strategy.activation_checkpointing_every_n_layers", every,
+            f"checkpoints every {every}th decoder layer, and {m.name} has only {m.num_hidden_layers}: "
+            "no layer would be checkpointed",
+            f"strategy.activation_checkpointing_every_n_layers={m.num_hidden_layers} or less"
+            if m.num_hidden_layers >= 2 else "strategy.activation_checkpointing=full",
         )
 
 

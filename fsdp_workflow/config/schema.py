@@ -71,6 +71,19 @@ class BackwardPrefetch(str, Enum):
     NO_PREFETCH = "NO_PREFETCH"
 
 
+class ActivationCheckpointing(str, Enum):
+    """Which activations of the decoder layers are recomputed in backward instead of kept (FSDP only).
+
+    Every mode gives the same losses and gradients as ``none``; they trade memory for
+    recomputation differently (docs/training.md, "Activation checkpointing").
+    """
+
+    none = "none"  # keep every activation: fastest, most memory
+    full = "full"  # recompute every decoder layer (keep only its input)
+    every_n_layers = "every_n_layers"  # recompute every Nth layer (strategy.activation_checkpointing_every_n_layers)
+    ops = "ops"  # every layer, but keep the matmul and attention outputs; recompute norms, activations, rotary
+
+
 class OffloadDevice(str, Enum):
     """DeepSpeed offload target."""
 
@@ -290,7 +303,9 @@ class StrategyConfig:
     backward_prefetch: BackwardPrefetch = BackwardPrefetch.BACKWARD_PRE  # FSDP1 only
     forward_prefetch: bool = False  # FSDP1 only
     offload_params: bool = False  # keep sharded params on CPU
-    activation_checkpointing: bool = False  # FSDP's activation checkpointing of decoder layers
+    # Recompute decoder-layer activations in backward (FSDP only): none | full | every_n_layers | ops.
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    activation_checkpointing_every_n_layers: int = bounded(2, ge=2)  # every_n_layers: the 1st, N+1th... layer
     cpu_ram_efficient_loading: bool = True  # load weights on rank 0 only, others on meta
     sync_module_states: bool = True  # broadcast rank 0's weights (FSDP1 needs it with the above)
     use_orig_params: bool = True  # FSDP1 only
@@ -395,6 +410,9 @@ class TrainConfig:
     eval_every_steps: int = bounded(0, ge=0)  # 0: no in-loop evaluation
     eval_batches: int = bounded(8, ge=1)
     compile: bool = False  # torch.compile the model after wrapping
+    # float8 matmuls in the large nn.Linear layers through torchao (`pip install 'fsdp_workflow[float8]'`);
+    # CUDA with compute capability >= 8.9 (H100, H200, L40S...); lm_head and small layers stay in bf16.
+    float8: bool = False
     peak_tflops: Optional[float] = bounded(None, gt=0)  # per device, for MFU; None: guessed from the device name
     # EMA of the weights (docs/training.md, "EMA"): fp32, sharded like the parameters, saved under "ema".
     ema_decay: Optional[float] = bounded(None, gt=0, lt=1)  # ema = decay*ema + (1-decay)*weights; None: no EMA

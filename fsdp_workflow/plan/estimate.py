@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import List
 
 from fsdp_workflow.config.schema import (
+    ActivationCheckpointing,
     Device,
     MixedPrecision,
     OptimizerName,
@@ -79,12 +80,18 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
         params, grads = 4 * p, 4 * p
     m, t = cfg.model, cfg.train
     tokens = t.micro_batch_size * t.seq_len
-    checkpointed = cfg.strategy.activation_checkpointing or m.gradient_checkpointing
+    ac, layers = cfg.strategy.activation_checkpointing, m.num_hidden_layers
+    if m.gradient_checkpointing or ac == ActivationCheckpointing.full:
+        recomputed = layers
+    elif ac == ActivationCheckpointing.every_n_layers:
+        recomputed = layers // cfg.strategy.activation_checkpointing_every_n_layers
+    else:  # none, and ops: it keeps the matmul outputs, most of a layer's activations
+        recomputed = 0
     per_layer_full = 34 * tokens * m.hidden_size * low / 2  # bytes, sdpa (no s^2 term)
-    if checkpointed:
-        acts = m.num_hidden_layers * tokens * m.hidden_size * low + per_layer_full
-    else:
-        acts = m.num_hidden_layers * per_layer_full
+    # A recomputed layer keeps its input; one of them is alive in full while backward runs it again.
+    acts = recomputed * tokens * m.hidden_size * low + (layers - recomputed) * per_layer_full
+    if recomputed:
+        acts += per_layer_full
     acts /= split_layer
     acts += 2 * tokens * m.vocab_size * 4 / split_seq  # fp32 logits and their gradient
     return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
@@ -122,5 +129,5 @@ def memory_warning(cfg: WorkflowConfig) -> str | None:
     return (
         f"cluster.gpu_mem_gb={cfg.cluster.gpu_mem_gb:g}: the estimate of {est.total_gib:.1f} GiB per GPU "
         "exceeds it. Shard more (more nodes, strategy=fsdp2 or deepspeed_zero3), turn on "
-        "strategy.activation_checkpointing=true, or lower train.micro_batch_size."
+        "strategy.activation_checkpointing=full, or lower train.micro_batch_size."
     )

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_workflow.config.accelerate_env import is_deepspeed
 from fsdp_workflow.config.schema import CheckpointConfig
 from fsdp_workflow.train import fault_hooks
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointError, CheckpointSaveError, barrier
@@ -175,7 +176,7 @@ def _raise_save_failure(directory: CheckpointDir, step: int, exc: BaseException)
 
 def make_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared: Prepared,
                       timeout_s: float) -> Checkpointer:
-    """The checkpointer for ``prepared.strategy``: DeepSpeed's engine, or DCP for everything else.
+    """The checkpointer for ``prepared.strategy`` (``cfg.strategy.name``): DeepSpeed's engine, or DCP otherwise.
 
     Args:
         directory: ``RUN_DIR/checkpoints`` for this rank.
@@ -187,7 +188,7 @@ def make_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared:
     Returns:
         A :class:`~.checkpoint.Checkpointer`. Every rank must call this (it may create a process group).
     """
-    if prepared.strategy == "deepspeed":
+    if is_deepspeed(prepared.strategy):
         return DeepSpeedCheckpointer(directory, prepared.model)
     group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
              if cfg.async_save and dist.is_initialized() else None)

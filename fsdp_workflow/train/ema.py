@@ -28,10 +28,10 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
-from fsdp_workflow.config.schema import TrainConfig
+from fsdp_workflow.config.schema import StrategyName, TrainConfig
 from fsdp_workflow.train.mesh import StrategyError
 
-EMA_STRATEGIES = ("fsdp2", "ddp")
+EMA_STRATEGIES = (StrategyName.fsdp2, StrategyName.ddp)
 # Name components wrappers insert; get_model_state_dict drops them (and DDP's leading "module").
 WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 
@@ -89,7 +89,7 @@ class EmaState(Stateful):
                                f"parameter or buffer of {type(model).__name__}; a wrapper renamed them")
 
     @classmethod
-    def maybe(cls, cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> Optional["EmaState"]:
+    def maybe(cls, cfg: TrainConfig, model: torch.nn.Module, strategy: StrategyName) -> Optional["EmaState"]:
         """The EMA ``cfg`` asks for (None when ``train.ema_decay`` is null).
 
         Raises:
@@ -99,7 +99,7 @@ class EmaState(Stateful):
             return None
         if strategy not in EMA_STRATEGIES:
             raise StrategyError(f"train.ema_decay={cfg.ema_decay}: the EMA of the weights is not implemented for "
-                                f"{strategy}; use strategy=fsdp2 (or ddp), or train.ema_decay=null")
+                                f"{strategy.value}; use strategy=fsdp2 (or ddp), or train.ema_decay=null")
         return cls(model, cfg.ema_decay, cfg.ema_every_steps, cfg.ema_start_step)
 
     @torch.no_grad()

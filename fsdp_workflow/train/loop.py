@@ -6,7 +6,9 @@ Run on every rank, by torchrun (or ``accelerate launch``) with the variables of
     set -a; . RUN_DIR/launch.env; set +a
     torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
 
-Steps: process group and ``Accelerator()`` from the environment; tokenizer and
+The strategy, the mesh and every training option come from the typed config in
+``RUN_DIR/config.yaml``; ``launch.env`` is for Accelerate and torchrun, and is
+never read back here. Steps: process group and ``Accelerator()``; tokenizer and
 the prepared token cache, memory-mapped (:mod:`.data`; the trainer never
 tokenises: ``python -m fsdp_workflow.data.prepare RUN_DIR`` runs first); model built and wrapped by :mod:`.parallel`; optimizer and
 schedule; the trainer state as ``Stateful`` parts (:mod:`.state`) and a
@@ -45,14 +47,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
-from fsdp_workflow.config.schema import Device, ModelInit, WorkflowConfig
+from fsdp_workflow.config.schema import ActivationCheckpointing, Device, ModelInit, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text, step_name
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
-from fsdp_workflow.train import fault_hooks, trackers
+from fsdp_workflow.train import fault_hooks, float8, trackers
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import collective_timeout, peer_timeout_reported
@@ -75,8 +77,7 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- setup
 def _device_is_cpu(cfg: WorkflowConfig) -> bool:
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
-        return True
+    """``cluster.device=cpu``, or a CUDA config on a machine without a GPU (Accelerate falls back to CPU too)."""
     return cfg.cluster.device == Device.cpu or not torch.cuda.is_available()
 
 
@@ -119,7 +120,7 @@ class Ranks:
         The Accelerator carries the experiment trackers of ``train.report_to`` (:mod:`.trackers`).
 
         Raises:
-            StrategyError: launch.env's mesh does not fit the ranks launched.
+            StrategyError: the config's mesh does not fit the ranks launched.
         """
         init_distributed(cfg)
         from accelerate import Accelerator
@@ -127,7 +128,7 @@ class Ranks:
         rank = dist.get_rank() if dist.is_initialized() else 0
         accelerator = Accelerator(**trackers.accelerator_kwargs(cfg, run, is_main=rank == 0))
         world = dist.get_world_size() if dist.is_initialized() else 1
-        mesh = TrainMesh(MeshDims.from_env(world), rank, accelerator.device.type)
+        mesh = TrainMesh(MeshDims.of(cfg, world), rank, accelerator.device.type)
         return cls(accelerator, accelerator.device, rank, world, mesh)
 
     @property
@@ -169,8 +170,8 @@ class Trainee:
     generation_config: Optional[Any]
 
 
-def build_trainee(cfg: WorkflowConfig, ranks: Ranks, strategy: str) -> Trainee:
-    """Build the model under ``strategy``, its optimizer and schedule (and compile layers if asked)."""
+def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
+    """Build the model under ``cfg.strategy``, its optimizer and schedule (and compile layers if asked)."""
     built: dict[str, Any] = {}
 
     def build(meta: bool) -> torch.nn.Module:
@@ -181,11 +182,10 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks, strategy: str) -> Trainee:
 
     prepared = parallel.prepare(
         ranks.accelerator,
-        strategy,
+        cfg,
         build,
         lambda m: build_optimizer(m.parameters(), cfg.optimizer, ranks.device.type),
         lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
-        micro_batch_size=cfg.train.micro_batch_size,
         mesh=ranks.mesh,
     )
     scheduler = build_scheduler(prepared.torch_optimizer, cfg.optimizer, cfg.train.max_steps)
@@ -247,14 +247,15 @@ def main(run_dir_arg: str) -> int:
     run = RunDir.of(Path(run_dir_arg).resolve())
     cfg = load_run_config(run.root)
     setup_logging(cfg.log_level.value)
-    strategy = parallel.requested_strategy()
-    parallel.check_strategy_available(strategy, "cpu" if _device_is_cpu(cfg) else "cuda")
+    parallel.check_strategy_available(cfg.strategy.name, "cpu" if _device_is_cpu(cfg) else "cuda")
     init_distributed(cfg)
     run_lock = hold_run_lock(run)  # before anything is written into the run; released when this process ends
     ranks = Ranks.start(cfg, run)
+    if cfg.train.float8:
+        float8.check_available(ranks.device)  # CPU, a GPU below 8.9 or no torchao: exit 2 before the run starts
     beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
     try:
-        outcome = run_session(run, cfg, strategy, ranks, beat)
+        outcome = run_session(run, cfg, ranks, beat)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -270,7 +271,7 @@ def main(run_dir_arg: str) -> int:
     return outcome.exit_code
 
 
-def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, beat: Heartbeat) -> Outcome:
+def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat) -> Outcome:
     """Build everything this rank trains with, resume, train, and record how it ended (rank 0)."""
     torch.manual_seed(cfg.train.seed)
     flag = PreemptionFlag().install()
@@ -279,14 +280,14 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
     tokenizer = load_tokenizer(cfg.model)
     train_src, held_src = open_sources(cfg, pad_token_id(tokenizer))
     batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.mesh.dp_rank, ranks.mesh.dp_size)
-    trainee = build_trainee(cfg, ranks, strategy)
+    trainee = build_trainee(cfg, ranks)
     if ranks.rank == 0:
         base = cfg.model.name_or_path if cfg.model.init == ModelInit.pretrained else None
         save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer, base_dir=base)
     num_params, fpt = model_flops_per_token(trainee, cfg)
 
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)  # TP/CP peers draw the same numbers
-    ema = EmaState.maybe(cfg.train, trainee.prepared.model, strategy)  # before resume: starts as the weights
+    ema = EmaState.maybe(cfg.train, trainee.prepared.model, cfg.strategy.name)  # before resume: starts as the weights
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches,
                           ema)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
@@ -305,8 +306,14 @@ def run_session(run: RunDir, cfg: WorkflowConfig, strategy: str, ranks: Ranks, b
         log.write(f"resumed from {resume_from} at step {rng.step}")
     prepared = trainee.prepared
     wrapping = f"fully_shard on {ranks.device.type}" if prepared.native_fsdp2 else ranks.accelerator.distributed_type
-    log.write(f"strategy {strategy} ({wrapping}), {ranks.world} rank(s), mesh {ranks.mesh.dims.describe()}, "
-              f"{num_params / 1e6:.2f} M parameters, grad_accum {ranks.grad_accum}")
+    log.write(f"strategy {cfg.strategy.name.value} ({wrapping}), {ranks.world} rank(s), mesh "
+              f"{ranks.mesh.dims.describe()}, {num_params / 1e6:.2f} M parameters, grad_accum {ranks.grad_accum}")
+    ac = cfg.strategy.activation_checkpointing
+    if ac != ActivationCheckpointing.none:
+        log.write(f"activation checkpointing {ac.value}: decoder layers {prepared.checkpointed_layers}")
+    if cfg.train.float8:
+        log.write(f"float8: {len(prepared.float8_layers)} linear layers converted (lm_head and small layers "
+                  "stay in high precision)")
 
     session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
                       guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env())

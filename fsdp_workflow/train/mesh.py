@@ -1,13 +1,13 @@
-"""The device mesh, ``dp_replicate x dp_shard x cp x tp``, built once per run from ``launch.env``.
+"""The device mesh, ``dp_replicate x dp_shard x cp x tp``, built once per run from the typed config.
 
-The planner writes the sizes in Accelerate's ``ParallelismConfig`` variable
-names (``PARALLELISM_CONFIG_DP_REPLICATE_SIZE``, ``..._DP_SHARD_SIZE``,
-``..._TP_SIZE``; :func:`fsdp_workflow.config.accelerate_env.accelerate_env`,
-from :func:`fsdp_workflow.config.schema.mesh_shape`); without them the mesh is
-one ``dp_shard`` dimension over the world, which is plain FSDP2. The order is
-Accelerate's, outermost first, so a TP group is consecutive ranks, which
-torchrun puts on one node, and replicas are the outermost blocks of ranks,
-which are whole nodes when ``dp_replicate`` divides ``cluster.nodes``.
+The sizes come from ``cfg.strategy`` through :func:`fsdp_workflow.config.schema.mesh_shape`,
+the same function the planner uses for its summary and for the
+``PARALLELISM_CONFIG_*`` variables it writes into ``launch.env`` for Accelerate;
+the trainer never reads those back. A mesh with only ``dp_shard`` above 1 is
+plain FSDP2. The order is Accelerate's, outermost first, so a TP group is
+consecutive ranks, which torchrun puts on one node, and replicas are the
+outermost blocks of ranks, which are whole nodes when ``dp_replicate`` divides
+``cluster.nodes``.
 
 Global rank ``r = ((i_rep * S + i_shard) * C + i_cp) * T + i_tp``: the ranks
 that see the same batch (TP and CP peers) share ``r // (C * T)``, which is the
@@ -16,18 +16,15 @@ data-parallel rank (:attr:`TrainMesh.dp_rank`).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from fsdp_workflow.config.schema import MESH_DIMS
-
-ENV_PREFIX = "PARALLELISM_CONFIG_"
+from fsdp_workflow.config.schema import MESH_DIMS, WorkflowConfig, mesh_shape, world_size
 
 
 class StrategyError(RuntimeError):
-    """The environment asks for a strategy (or mesh) this machine, install or model cannot run."""
+    """The config asks for a strategy, mesh or feature this machine, install or model cannot run (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -40,30 +37,29 @@ class MeshDims:
     tp: int = 1
 
     @classmethod
-    def from_env(cls, world: int, env: Mapping[str, str] = os.environ) -> "MeshDims":
-        """The mesh ``launch.env`` names for ``world`` ranks (``dp_shard`` = what the others leave).
+    def of(cls, cfg: WorkflowConfig, world: int) -> "MeshDims":
+        """The mesh ``cfg`` plans, checked against the ``world`` ranks actually launched.
 
         Raises:
-            StrategyError: the sizes do not tile ``world`` (launched with another number of
-                ranks than planned), or context parallelism is asked for (not built).
+            StrategyError: the planned mesh does not tile ``world`` (launched with another
+                number of ranks than planned), or context parallelism is asked for (not built).
         """
-        def size(name: str) -> int:
-            return int(env.get(ENV_PREFIX + name, "1") or "1")
-
-        rep, cp, tp = size("DP_REPLICATE_SIZE"), size("CP_SIZE"), size("TP_SIZE")
+        shape = mesh_shape(cfg)
+        rep, cp, tp = shape["dp_replicate"], shape["cp"], shape["tp"]
         if cp > 1:
-            raise StrategyError(f"{ENV_PREFIX}CP_SIZE={cp}: context parallelism is not built; plan the "
+            raise StrategyError(f"the config asks for context parallelism (cp {cp}), which is not built; plan the "
                                 "run again without it (see docs/parallelism.md)")
         if world % (rep * cp * tp):
             raise StrategyError(
-                f"launch.env's mesh (dp_replicate {rep} x cp {cp} x tp {tp}) does not divide the world size "
+                f"the planned mesh (dp_replicate {rep} x cp {cp} x tp {tp}) does not divide the world size "
                 f"{world}: launch as many ranks as cluster.nodes x cluster.processes_per_node planned")
         shard = world // (rep * cp * tp)
-        planned = env.get(ENV_PREFIX + "DP_SHARD_SIZE")
-        if planned and int(planned) != shard:
+        # Plain FSDP2 shards over whatever world was launched; a planned 2-D+ mesh must be launched as planned.
+        if (rep > 1 or tp > 1) and shard != shape["dp_shard"]:
             raise StrategyError(
-                f"launch.env plans dp_shard {planned} but {world} ranks give dp_shard {shard}: launch as many "
-                "ranks as cluster.nodes x cluster.processes_per_node planned (or re-plan the run)")
+                f"the run plans dp_shard {shape['dp_shard']} ({world_size(cfg)} ranks) but {world} ranks give "
+                f"dp_shard {shard}: launch as many ranks as cluster.nodes x cluster.processes_per_node planned "
+                "(or re-plan the run)")
         return cls(rep, shard, cp, tp)
 
     @property

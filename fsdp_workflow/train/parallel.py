@@ -1,83 +1,122 @@
-"""Apply the distribution strategy named by the environment (``RUN_DIR/launch.env``).
+"""Apply the distribution strategy of the run's typed config (``cfg.strategy``).
 
-The environment Accelerate reads is the one source of truth. ``Accelerator()``
-builds its plugins from it, and this module follows what it decided:
+The strategy, the mesh and every wrapping option come from the ``WorkflowConfig``
+the trainer loaded from ``RUN_DIR/config.yaml``; ``launch.env`` carries the same
+choices to the tools that read the environment (Accelerate's ``Accelerator()``,
+torchrun), and nothing here reads them back. By strategy:
 
-* ``DistributedType.FSDP`` (accelerators, FSDP1 or FSDP2): ``accelerator.prepare``
-  does the wrapping, exactly as Accelerate users expect.
-* FSDP2 requested but Accelerate did not enable it (on CPU it reports
-  ``MULTI_CPU``, i.e. DDP; with one process it may report ``NO``): we apply
+* ``fsdp2`` where Accelerate enabled FSDP (``DistributedType.FSDP``, accelerators)
+  and the run needs nothing of ours: ``accelerator.prepare`` does the wrapping,
+  exactly as Accelerate users expect.
+* ``fsdp2`` otherwise: on CPU Accelerate reports ``MULTI_CPU`` (DDP), with one
+  process it may report ``NO``; a mesh beyond plain FSDP2 (tensor parallelism,
+  replicas: :mod:`.mesh`), and the selective activation checkpointing modes
+  (:mod:`.activation_checkpointing`) are ours on every device. We apply
   ``torch.distributed.fsdp.fully_shard`` ourselves, per decoder layer and on the
-  root, with the options parsed by Accelerate's own ``FullyShardedDataParallelPlugin()``
-  (layer classes, ``reshard_after_forward``, activation checkpointing, mixed
-  precision, offload). So CPU runs really shard across gloo ranks.
-* A mesh beyond plain FSDP2 (tensor parallelism, replicas: :mod:`.mesh`), on CPU
-  and GPU alike: ``torch.distributed.tensor.parallel`` with the plan transformers
-  ships, then ``fully_shard`` over the data-parallel sub-mesh. Accelerate's own
-  TP path cannot serve (it refuses ``ParallelismConfig`` on CPU, and its FSDP2 +
-  TP preparation imports a class transformers 5 removed); both devices read the
-  same mesh.
-* FSDP1 without an accelerator: a clear error (Accelerate only builds FSDP1 on
+  root, with the options of ``cfg`` (:class:`ShardOptions`). So CPU runs really
+  shard across gloo ranks. Accelerate's own TP path cannot serve (it refuses
+  ``ParallelismConfig`` on CPU, and its FSDP2 + TP preparation imports a class
+  transformers 5 removed).
+* ``fsdp1`` without an accelerator: a clear error (Accelerate only builds FSDP1 on
   accelerators and we do not hand-roll FlatParameter FSDP on CPU).
-* DDP and DeepSpeed: ``accelerator.prepare``. DeepSpeed must be importable.
+* ``ddp`` and ``deepspeed_zero*``: ``accelerator.prepare``. DeepSpeed must be importable.
+
+``train.float8`` converts the bare model's large linear layers first (:mod:`.float8`),
+whatever the path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_workflow.config.accelerate_env import is_deepspeed
+from fsdp_workflow.config.schema import (
+    ActivationCheckpointing,
+    AutoWrapPolicy,
+    MixedPrecision,
+    StrategyName,
+    WorkflowConfig,
+)
+from fsdp_workflow.train import float8
+from fsdp_workflow.train.activation_checkpointing import apply_activation_checkpointing
 from fsdp_workflow.train.mesh import StrategyError, TrainMesh, apply_tensor_parallel
 from fsdp_workflow.train.model import decoder_layer_classes, non_persistent_buffers, set_buffer
 
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
-
-
-def requested_strategy() -> str:
-    """What ``launch.env`` asks for: ``fsdp2``, ``fsdp1``, ``deepspeed`` or ``ddp``."""
-    if _env_true("ACCELERATE_USE_DEEPSPEED"):
-        return "deepspeed"
-    if _env_true("ACCELERATE_USE_FSDP"):
-        return "fsdp2" if os.environ.get("FSDP_VERSION", "1").strip() == "2" else "fsdp1"
-    return "ddp"
+# Activation checkpointing modes Accelerate's FSDP plugin cannot express: our fully_shard path applies them.
+OWN_AC_MODES = (ActivationCheckpointing.every_n_layers, ActivationCheckpointing.ops)
 
 
-def check_strategy_available(strategy: str, device_type: str) -> None:
-    """Fail early, with the fix, when the requested strategy cannot run here.
+def check_strategy_available(strategy: StrategyName, device_type: str) -> None:
+    """Fail early, with the fix, when the configured strategy cannot run here.
+
+    Args:
+        strategy: ``cfg.strategy.name``.
+        device_type: ``cpu`` or ``cuda``.
 
     Raises:
         StrategyError: DeepSpeed not installed, or FSDP1 without an accelerator.
     """
     # The device first: on CPU the answer must not depend on what happens to be installed.
-    if strategy == "deepspeed" and device_type == "cpu":
+    if is_deepspeed(strategy) and device_type == "cpu":
         raise StrategyError(
             "strategy=deepspeed_zero* needs CUDA GPUs: DeepSpeed's CPU accelerator needs Intel's oneCCL "
             "bindings, which this project does not support. Use strategy=fsdp2 (sharded like ZeRO-3) or "
             "strategy=ddp on CPU."
         )
-    if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+    if is_deepspeed(strategy) and importlib.util.find_spec("deepspeed") is None:
         raise StrategyError(
-            "launch.env sets ACCELERATE_USE_DEEPSPEED=true (strategy=deepspeed_zero*), but the "
-            "`deepspeed` package is not installed in this environment. Install it "
-            "(`pip install 'fsdp_workflow[deepspeed]'`, on a machine with CUDA) or choose "
-            "strategy=fsdp2 or strategy=ddp."
+            f"strategy={strategy.value} needs the `deepspeed` package, which is not installed in this "
+            "environment. Install it (`pip install 'fsdp_workflow[deepspeed]'`, on a machine with CUDA) or "
+            "choose strategy=fsdp2 or strategy=ddp."
         )
-    if strategy == "fsdp1" and device_type == "cpu":
+    if strategy == StrategyName.fsdp1 and device_type == "cpu":
         raise StrategyError(
-            "strategy=fsdp1 (FSDP_VERSION=1) needs CUDA: Accelerate only enables FSDP on accelerators "
+            "strategy=fsdp1 needs CUDA: Accelerate only enables FSDP on accelerators "
             "and this trainer shards on CPU with FSDP2 only. Use strategy=fsdp2 (recommended; same "
             "checkpoint layout) or strategy=ddp on CPU."
         )
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """How our own FSDP2 path wraps the model: the typed config's values, gathered once."""
+
+    layer_names: Optional[list[str]]  # decoder layer classes; None: the model's _no_split_modules
+    reshard_after_forward: bool
+    offload_params: bool
+    mixed_precision: MixedPrecision
+    activation_checkpointing: ActivationCheckpointing
+    every_n_layers: int
+    cpu_ram_efficient_loading: bool
+
+    @classmethod
+    def of(cls, cfg: WorkflowConfig) -> "ShardOptions":
+        """The options ``cfg`` asks for (``model.decoder_layer_cls`` only under TRANSFORMER_BASED_WRAP)."""
+        s = cfg.strategy
+        names = None
+        if s.auto_wrap_policy == AutoWrapPolicy.TRANSFORMER_BASED_WRAP:
+            names = [c.strip() for c in cfg.model.decoder_layer_cls.split(",") if c.strip()]
+        return cls(names, s.reshard_after_forward, s.offload_params, cfg.train.mixed_precision,
+                   s.activation_checkpointing, s.activation_checkpointing_every_n_layers,
+                   s.cpu_ram_efficient_loading)
+
+    def mp_policy(self, device: torch.device) -> Any:
+        """FSDP2's ``MixedPrecisionPolicy`` for ``train.mixed_precision`` (Accelerate's choice of dtypes)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.mixed_precision == MixedPrecision.no:
+            return MixedPrecisionPolicy()
+        low = torch.bfloat16 if self.mixed_precision == MixedPrecision.bf16 else torch.float16
+        # gloo reduces bf16 poorly (and slowly): reduce gradients in fp32 on CPU.
+        reduce = torch.float32 if device.type == "cpu" else low
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce, output_dtype=low, cast_forward_inputs=True)
 
 
 @dataclass
@@ -86,8 +125,10 @@ class Prepared:
 
     model: nn.Module  # what forward/backward go through
     optimizer: Any  # what .step()/.zero_grad() go through (maybe Accelerate's wrapper)
-    strategy: str  # fsdp2 | fsdp1 | ddp | deepspeed
+    strategy: StrategyName  # cfg.strategy.name
     native_fsdp2: bool  # True when we applied fully_shard ourselves
+    checkpointed_layers: list[int] = field(default_factory=list)  # decoder layers under activation checkpointing
+    float8_layers: list[str] = field(default_factory=list)  # linear layers converted by train.float8
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
@@ -106,70 +147,45 @@ def uses_accelerate_fsdp(accelerator: Any) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def fsdp_plugin_from_env(mixed_precision: str) -> Any:
-    """Accelerate's FSDP plugin parsed from the environment, with mixed precision set."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
+def apply_fully_shard(model: nn.Module, options: ShardOptions, device: torch.device,
+                      mesh: Optional[Any] = None) -> list[int]:
+    """Shard ``model`` with FSDP2 per decoder layer and at the root, as ``options`` say.
 
-    plugin = FullyShardedDataParallelPlugin()
-    if mixed_precision != "no":
-        plugin.set_mixed_precision(mixed_precision)
-    return plugin
-
-
-def apply_fully_shard(model: nn.Module, plugin: Any, device: torch.device, mesh: Optional[Any] = None) -> nn.Module:
-    """Shard ``model`` with FSDP2 per decoder layer and at the root, as the plugin says.
-
-    The model may be on the meta device on some ranks (``cpu_ram_efficient_loading``);
-    callers then materialise and load it with :func:`materialize_and_broadcast`.
+    Activation checkpointing wraps the chosen layers first, so the FSDP unit is the
+    wrapper. The model may be on the meta device on some ranks
+    (``cpu_ram_efficient_loading``); callers then materialise and load it with
+    :func:`materialize_and_broadcast`.
 
     Args:
         model: the bare model (tensor-parallel already, if the mesh has ``tp``).
-        plugin: Accelerate's FSDP plugin, parsed from the environment.
+        options: the config's wrapping options (:meth:`ShardOptions.of`).
         device: where the shards live.
         mesh: the data-parallel sub-mesh (:meth:`.mesh.TrainMesh.fsdp_mesh`; 2-D: HSDP);
             None: the whole world.
+
+    Returns:
+        The 0-based indices of the decoder layers under activation checkpointing.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    names = plugin.transformer_cls_names_to_wrap
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    layer_classes = decoder_layer_classes(model, names)
-
-    if plugin.activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl,
-            apply_activation_checkpointing,
-            checkpoint_wrapper,
-        )
-
-        apply_activation_checkpointing(
-            model,
-            checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-            check_fn=lambda m: isinstance(m, layer_classes),
-        )
-
-    mp = plugin.mixed_precision_policy
-    if mp is not None and device.type == "cpu":
-        # gloo reduces bf16 poorly (and slowly): reduce gradients in fp32 on CPU.
-        mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32)
-    kwargs: dict[str, Any] = {"mp_policy": mp or MixedPrecisionPolicy(), "mesh": mesh}
-    if plugin.cpu_offload and device.type != "cpu":
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    reshard = bool(plugin.reshard_after_forward)
-
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    layer_classes = decoder_layer_classes(model, options.layer_names)
+    checkpointed = apply_activation_checkpointing(model, layer_classes, options.activation_checkpointing,
+                                                  options.every_n_layers)
+    kwargs: dict[str, Any] = {"mp_policy": options.mp_policy(device), "mesh": mesh}
+    if options.offload_params and device.type != "cpu":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
 
     layers = [m for m in model.modules() if isinstance(m, (CheckpointWrapper, *layer_classes))]
     wrapped_inner = {id(m._checkpoint_wrapped_module) for m in layers if isinstance(m, CheckpointWrapper)}
     for m in layers:
         if id(m) in wrapped_inner:
             continue  # shard the CheckpointWrapper, not the layer inside it
-        fully_shard(m, reshard_after_forward=reshard, **kwargs)
+        fully_shard(m, reshard_after_forward=options.reshard_after_forward, **kwargs)
     # The root keeps its parameters (embeddings, final norm, lm_head) gathered after
     # forward: backward needs them first thing, so resharding would only add a gather.
     fully_shard(model, reshard_after_forward=False, **kwargs)
-    return model
+    return checkpointed
 
 
 def materialize_and_broadcast(
@@ -210,23 +226,21 @@ def materialize_and_broadcast(
 
 def prepare(
     accelerator: Any,
-    strategy: str,
+    cfg: WorkflowConfig,
     build_model: Callable[[bool], nn.Module],
     build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
     install_forward: Callable[[nn.Module], None],
-    micro_batch_size: int = 1,
     mesh: Optional[TrainMesh] = None,
 ) -> Prepared:
-    """Build, wrap and pair the model with its optimizer under ``strategy``.
+    """Build, wrap and pair the model with its optimizer under ``cfg.strategy``.
 
     Args:
-        accelerator: constructed from the environment.
-        strategy: :func:`requested_strategy`.
+        accelerator: constructed from the environment (its device; the wrapping for Accelerate's paths).
+        cfg: the run's typed config: strategy, wrapping options, ``train.float8``, micro-batch size.
         build_model: ``build_model(meta)`` returns the CPU (or meta) model.
         build_optimizer: makes the optimizer over the (wrapped) model's parameters.
         install_forward: installs the loss forward on the bare model.
-        micro_batch_size: sequences per rank per forward (DeepSpeed's config needs it).
-        mesh: the run's device mesh; beyond plain FSDP2 (TP, replicas) our own path applies it.
+        mesh: the run's device mesh (:meth:`.mesh.TrainMesh.of`); beyond plain FSDP2 our own path applies it.
 
     Returns:
         The prepared model and optimizer.
@@ -234,23 +248,33 @@ def prepare(
     Raises:
         StrategyError: a mesh beyond plain FSDP2 under another strategy, or no process group.
     """
+    strategy = cfg.strategy.name
     device = accelerator.device
+    converted: list[str] = []
+
+    def build(meta: bool) -> nn.Module:
+        model = build_model(meta)
+        if cfg.train.float8:
+            converted[:] = float8.convert(model)
+        return model
+
     own_mesh = mesh is not None and not mesh.dims.plain
-    if own_mesh and strategy != "fsdp2":
-        raise StrategyError(f"launch.env asks for the mesh {mesh.dims.describe()} under {strategy}: "
-                            "tensor parallelism and replicas are built for strategy=fsdp2 only")
-    if strategy == "fsdp2" and (own_mesh or not uses_accelerate_fsdp(accelerator)):
+    if own_mesh and strategy != StrategyName.fsdp2:
+        raise StrategyError(f"the mesh {mesh.dims.describe()} is built for strategy=fsdp2 only, and this run "
+                            f"has strategy={strategy.value}")
+    options = ShardOptions.of(cfg)
+    own_path = own_mesh or options.activation_checkpointing in OWN_AC_MODES or not uses_accelerate_fsdp(accelerator)
+    if strategy == StrategyName.fsdp2 and own_path:
         if not dist.is_initialized():
             raise StrategyError(
                 "FSDP2 needs a process group: launch with torchrun (it sets RANK, WORLD_SIZE, "
                 "MASTER_ADDR, MASTER_PORT), e.g. `torchrun --nproc_per_node 2 -m fsdp_workflow.train RUN_DIR`."
             )
-        plugin = fsdp_plugin_from_env(accelerator.mixed_precision)
         rank0 = dist.get_rank() == 0
-        lazy = bool(plugin.cpu_ram_efficient_loading) and dist.get_world_size() > 1
+        lazy = options.cpu_ram_efficient_loading and dist.get_world_size() > 1
         if lazy:
             # Only rank 0 holds the full weights in host memory; others build on meta.
-            model = build_model(not rank0)
+            model = build(not rank0)
             full = {k: v.detach() for k, v in model.state_dict().items()} if rank0 else None
             bufs = {k: v.detach().clone() for k, v in non_persistent_buffers(model).items()} if rank0 else None
             if rank0:
@@ -258,41 +282,46 @@ def prepare(
                 if hasattr(model, "tie_weights"):
                     model.tie_weights()
         else:
-            model = build_model(False)
+            model = build(False)
         install_forward(model)
         if own_mesh and mesh.dims.tp > 1:
             apply_tensor_parallel(model, mesh.tp_mesh())
         # Plain FSDP2 keeps fully_shard's default mesh (the world): no extra process groups.
-        apply_fully_shard(model, plugin, device, mesh.fsdp_mesh() if own_mesh else None)
+        checkpointed = apply_fully_shard(model, options, device, mesh.fsdp_mesh() if own_mesh else None)
         if lazy:
             materialize_and_broadcast(model, full, bufs, device)
             del full, bufs
         else:
             model.to(device)
         optimizer = build_optimizer(model)
-        return Prepared(model, optimizer, strategy, native_fsdp2=True)
+        return Prepared(model, optimizer, strategy, native_fsdp2=True, checkpointed_layers=checkpointed,
+                        float8_layers=converted)
 
-    if strategy == "fsdp2":
+    if strategy == StrategyName.fsdp2:
         # Accelerate broadcasts rank 0's weights into the sharded model when
         # cpu_ram_efficient_loading is on: the other ranks need only a meta skeleton.
         plugin = accelerator.state.fsdp_plugin
         lazy = bool(getattr(plugin, "cpu_ram_efficient_loading", False)) and not accelerator.is_main_process
-        model = build_model(lazy)
+        model = build(lazy)
         # Accelerate's FSDP2 with mixed precision casts parameters itself; adding
         # autocast around forward would only insert no-op casts. Install our forward
-        # after prepare so it is not wrapped.
+        # after prepare so it is not wrapped. Its activation checkpointing (full) comes
+        # from FSDP_ACTIVATION_CHECKPOINTING, which the planner wrote from the same key.
         optimizer = build_optimizer(model)
         model, optimizer = accelerator.prepare(model, optimizer)
         install_forward(model)
-        return Prepared(model, optimizer, strategy, native_fsdp2=False)
-    model = build_model(False)
+        layers = list(range(cfg.model.num_hidden_layers))
+        checkpointed = layers if options.activation_checkpointing == ActivationCheckpointing.full else []
+        return Prepared(model, optimizer, strategy, native_fsdp2=False, checkpointed_layers=checkpointed,
+                        float8_layers=converted)
+    model = build(False)
     install_forward(model)
-    if strategy == "deepspeed":
+    if is_deepspeed(strategy):
         ds = accelerator.state.deepspeed_plugin
-        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
     optimizer = build_optimizer(model)
     model, optimizer = accelerator.prepare(model, optimizer)
-    return Prepared(model, optimizer, strategy, native_fsdp2=False)
+    return Prepared(model, optimizer, strategy, native_fsdp2=False, float8_layers=converted)
 
 
 @contextlib.contextmanager

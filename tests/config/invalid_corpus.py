@@ -31,12 +31,24 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     (["strategy=fsdp1", "strategy.sync_module_states=false", "strategy.cpu_ram_efficient_loading=false"],
      "strategy.name"),  # ... whatever its sync flags say (this once planned, then failed in the ranks)
     (["strategy.auto_wrap_policy=SIZE_BASED_WRAP"], "strategy.min_num_params"),
-    (["strategy.activation_checkpointing=true", "model.gradient_checkpointing=true"], "model.gradient_checkpointing"),
+    (["strategy.activation_checkpointing=full", "model.gradient_checkpointing=true"], "model.gradient_checkpointing"),
+    (["strategy.activation_checkpointing=ops", "model.gradient_checkpointing=true"], "model.gradient_checkpointing"),
+    (["strategy.activation_checkpointing_every_n_layers=3"], "strategy.activation_checkpointing_every_n_layers"),
+    (["strategy.activation_checkpointing=every_n_layers", "strategy.activation_checkpointing_every_n_layers=1"],
+     "strategy.activation_checkpointing_every_n_layers"),  # 1 is `full`
+    (["strategy.activation_checkpointing=every_n_layers", "strategy.activation_checkpointing_every_n_layers=9"],
+     "strategy.activation_checkpointing_every_n_layers"),  # the tiny Llama has 2 layers: none would be checkpointed
+    (["strategy=fsdp1", CUDA, "strategy.activation_checkpointing=ops"], "strategy.activation_checkpointing"),
+    (["strategy=ddp", "strategy.activation_checkpointing=every_n_layers"], "strategy.activation_checkpointing"),
     (["strategy.forward_prefetch=true"], "strategy.forward_prefetch"),
     (["strategy.offload_optimizer_device=cpu"], "strategy.offload_optimizer_device"),
+    # train.float8 (refused on CPU, under strategies and meshes it is not built for)
+    (["train.float8=true"], "train.float8"),
+    (["train.float8=true", CUDA, "strategy=deepspeed_zero2"], "train.float8"),
+    (["train.float8=true", CUDA, "strategy.tensor_parallel_size=2"], "train.float8"),
     # DeepSpeed / DDP
     (["strategy=deepspeed_zero3", CUDA, "strategy.zero_stage=2"], "strategy.zero_stage"),
-    (["strategy=deepspeed_zero2", CUDA, "strategy.activation_checkpointing=true"], "strategy.activation_checkpointing"),
+    (["strategy=deepspeed_zero2", CUDA, "strategy.activation_checkpointing=full"], "strategy.activation_checkpointing"),
     (["strategy=deepspeed_zero2", CUDA, "strategy.offload_param_device=cpu"], "strategy.offload_param_device"),
     (["strategy=deepspeed_zero3", CUDA, "strategy.offload_optimizer_device=nvme"], "strategy.offload_nvme_path"),
     (["strategy=deepspeed_zero2"], "strategy.name"),  # DeepSpeed on device=cpu

@@ -23,6 +23,7 @@ def write_launch_env(env, path):
     return path
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.schema import (
+    ActivationCheckpointing,
     AutoWrapPolicy,
     BackwardPrefetch,
     MixedPrecision,
@@ -86,7 +87,8 @@ def check_fsdp(cfg: WorkflowConfig, env: Dict[str, str], mp: str = "no") -> None
         assert p.transformer_cls_names_to_wrap == [cfg.model.decoder_layer_cls]
     if s.auto_wrap_policy == AutoWrapPolicy.SIZE_BASED_WRAP:
         assert p.min_num_params == s.min_num_params
-    assert p.activation_checkpointing is s.activation_checkpointing
+    # Accelerate checkpoints every layer or none: the selective modes are the trainer's own (false here).
+    assert p.activation_checkpointing is (s.activation_checkpointing == ActivationCheckpointing.full)
     assert p.cpu_ram_efficient_loading is s.cpu_ram_efficient_loading
     if version == 2:
         from torch.distributed.fsdp import CPUOffloadPolicy
@@ -111,7 +113,7 @@ def check_fsdp(cfg: WorkflowConfig, env: Dict[str, str], mp: str = "no") -> None
 FSDP2_GRID = list(itertools.product(
     list(AutoWrapPolicy),
     [False, True],  # offload_params
-    [False, True],  # activation_checkpointing
+    list(ActivationCheckpointing),
     [True, False],  # reshard_after_forward
 ))
 
@@ -132,7 +134,7 @@ FSDP1_GRID = list(itertools.product(
     list(AutoWrapPolicy),
     list(ShardingStrategy),
     [False, True],  # offload_params
-    [False, True],  # activation_checkpointing
+    [ActivationCheckpointing.none, ActivationCheckpointing.full],  # FSDP1 has no selective modes
 ))
 
 
@@ -181,7 +183,7 @@ def test_fsdp_mixed_precision(clean_accelerate_env, strategy, mp):
 @pytest.mark.parametrize("rep,tp", [(1, 2), (2, 1), (2, 2), (8, 1)])
 def test_mesh_is_exported_in_parallelism_config_names(clean_accelerate_env, rep, tp):
     """The mesh in ParallelismConfig's variables; Accelerate's own class parses them to the same sizes,
-    and the trainer's MeshDims reads them back. ACCELERATE_USE_PARALLELISM_CONFIG stays unset (see
+    and the trainer's MeshDims, built from the typed config, has the same sizes. ACCELERATE_USE_PARALLELISM_CONFIG stays unset (see
     accelerate_env._mesh_env: Accelerate refuses it on CPU and its FSDP2 + TP path needs a class
     transformers 5 removed), so Accelerator() builds no ParallelismConfig of its own."""
     from accelerate.parallelism_config import ParallelismConfig
@@ -201,7 +203,7 @@ def test_mesh_is_exported_in_parallelism_config_names(clean_accelerate_env, rep,
     assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in env
     pc = ParallelismConfig()
     assert (pc.dp_replicate_size, pc.dp_shard_size, pc.cp_size, pc.tp_size) == tuple(shape.values())
-    assert MeshDims.from_env(8, env).shape == tuple(shape.values())
+    assert MeshDims.of(cfg, 8).shape == tuple(shape.values())
 
 
 def test_plain_fsdp2_writes_no_mesh(clean_accelerate_env):

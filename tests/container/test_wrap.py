@@ -19,6 +19,8 @@ from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.plan.render import env_filter_program, render_all
 from fsdp_workflow.plan.spec import build_plan, wrap_argv
 
+from golden_files import mask_config_hash  # tests/golden_files.py
+
 PASS_ENV_PROGRAM = env_filter_program(EnvFilter())
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -59,7 +61,7 @@ def _record(cfg) -> str:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("runtime", list(IMAGES))
 def test_commands_and_scripts_match_golden(runtime: str, strategy: str, fixed_interpreter) -> None:
-    text = _record(_cfg(runtime, strategy=strategy))
+    text = mask_config_hash(_record(_cfg(runtime, strategy=strategy)))
     path = GOLDEN / f"{runtime}-{strategy}.txt"
     if REGEN:
         path.parent.mkdir(parents=True, exist_ok=True)

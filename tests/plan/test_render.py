@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import subprocess
 from pathlib import Path
@@ -19,6 +18,8 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.plan.render import render_all, shell_join
 from fsdp_workflow.plan.spec import build_plan
+
+from golden_files import mask_config_hash  # tests/golden_files.py
 
 GOLDEN = Path(__file__).parent / "golden"
 EXPERIMENTS = ["smoke", "llama8b_fft", "llama8b_zero3", "qwen7b_fft", "mistral7b_fft", "llama70b_tp"]
@@ -42,13 +43,6 @@ VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=t
             "llama8b_fft_charliecloud": ("llama8b_fft", ["container=charliecloud", "container.image=/images/fsdp_workflow"]),
             "smoke_no_preflight": ("smoke", ["cluster.preflight=false"])}
 
-# config.yaml can hold absolute paths of this checkout (smoke's tiny data), so its hash differs between
-# machines; golden files hold a placeholder and test_scripts_check_the_planned_config_hash checks the value.
-_HASH_LINE = re.compile(r"^CONFIG_SHA256=[0-9a-f]{64}$", re.MULTILINE)
-
-
-def _mask_hash(text: str) -> str:
-    return _HASH_LINE.sub("CONFIG_SHA256=<sha256 of config.yaml as planned>", text)
 
 
 @pytest.mark.parametrize("variant", EXPERIMENTS + list(VARIANTS))
@@ -58,7 +52,7 @@ def test_scripts_match_golden(variant: str) -> None:
     if variant == "smoke_every_checkpoint":
         assert {"eval.sbatch", "post_checkpoint.sh"} <= set(scripts)
     for name, text in scripts.items():
-        text = _mask_hash(text)
+        text = mask_config_hash(text)
         path = GOLDEN / variant / name
         if REGEN:
             path.parent.mkdir(parents=True, exist_ok=True)

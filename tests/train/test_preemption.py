@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 LONG_RUN = [
     "cluster=local", "cluster.device=cpu", "cluster.processes_per_node=2",
     "train.max_steps=100000", "checkpoint.every_steps=0", "train.seq_len=64", "train.log_every_steps=5",
-    "strategy.activation_checkpointing=true", "consolidate.enabled=false",
+    "strategy.activation_checkpointing=full", "consolidate.enabled=false",
 ]
 STOP_WAIT_S = 60  # checkpointing takes a few seconds; without forwarding the run never stops
 

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from fsdp_workflow.train.parallel import StrategyError, check_strategy_available, requested_strategy
+from fsdp_workflow.config.schema import StrategyName
+from fsdp_workflow.train.parallel import StrategyError, check_strategy_available
 from tests.train.runner import launch, log_text, make_run_dir
-
-ENV_KEYS = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_VERSION")
 
 
 @pytest.mark.slow
@@ -33,35 +32,57 @@ def test_ddp_through_config(tmp_path: Path) -> None:
     assert not any(k.startswith("model.module.") for k in md.state_dict_metadata)
 
 
-@pytest.mark.parametrize(
-    "env, expected",
-    [
-        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "fsdp2"),
-        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp1"),
-        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "deepspeed"),
-        ({}, "ddp"),
-    ],
-)
-def test_requested_strategy_reads_env(monkeypatch: pytest.MonkeyPatch, env: dict, expected: str) -> None:
-    for k in ENV_KEYS:
-        monkeypatch.delenv(k, raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    assert requested_strategy() == expected
+@pytest.mark.slow
+def test_the_typed_config_decides_not_the_environment(tmp_path: Path) -> None:
+    """The environment says DDP, a tensor-parallel mesh and Accelerate's activation checkpointing; the config says
+    FSDP2 on a plain mesh with every 2nd layer checkpointed. The trainer follows the config (issue 28, item 3).
+
+    Before, the trainer rebuilt the strategy and mesh from these variables: this run stopped with
+    "the mesh ... under ddp" (exit 2).
+    """
+    run = make_run_dir(tmp_path / "run", ["train.max_steps=2", "checkpoint.every_steps=2",
+                                          "strategy.activation_checkpointing=every_n_layers"])
+    lying = {"ACCELERATE_USE_FSDP": "false", "FSDP_VERSION": "1", "FSDP_ACTIVATION_CHECKPOINTING": "true",
+             "PARALLELISM_CONFIG_TP_SIZE": "2", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "1"}
+    proc = launch(run, extra_env=lying)
+    log = log_text(run)
+    assert proc.returncode == 0, log
+    assert "strategy fsdp2 (fully_shard on cpu), 2 rank(s), mesh dp_replicate 1 x dp_shard 2 x cp 1 x tp 1" in log
+    assert "activation checkpointing every_n_layers: decoder layers [1]" in log
+    md = FileSystemReader(str(run / "checkpoints" / "step-2")).read_metadata()
+    q = md.state_dict_metadata["model.model.layers.0.self_attn.q_proj.weight"]
+    assert len(q.chunks) == 2  # sharded over both ranks (FSDP2), not replicated (DDP) nor split for TP
+
+
+def test_no_train_module_reads_the_planned_environment_back() -> None:
+    """The trainer's config values travel as typed values (STYLE.md): the variables the planner writes for
+    Accelerate (ACCELERATE_*, FSDP_*, PARALLELISM_CONFIG_*) are never read under fsdp_workflow/train, nor
+    parsed there through Accelerate's plugin classes. torchrun's (RANK, LOCAL_RANK, WORLD_SIZE), the test
+    fault hooks' and the trackers' own variables remain."""
+    import re
+
+    train = Path(__file__).resolve().parents[2] / "fsdp_workflow" / "train"
+    planned = re.compile(r"""(environ|getenv|env)\b[^\n]*["'](ACCELERATE_|FSDP_|PARALLELISM_CONFIG_)""")
+    offenders = []
+    for path in sorted(train.glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if planned.search(line) or "DataParallelPlugin(" in line:
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert offenders == [], "read cfg instead:\n" + "\n".join(offenders)
 
 
 def test_fsdp1_on_cpu_is_a_clear_error() -> None:
     with pytest.raises(StrategyError, match="strategy=fsdp2"):
-        check_strategy_available("fsdp1", "cpu")
-    check_strategy_available("fsdp1", "cuda")
+        check_strategy_available(StrategyName.fsdp1, "cpu")
+    check_strategy_available(StrategyName.fsdp1, "cuda")
 
 
 def test_deepspeed_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
     with pytest.raises(StrategyError, match="needs CUDA"):
-        check_strategy_available("deepspeed", "cpu")
+        check_strategy_available(StrategyName.deepspeed_zero3, "cpu")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(StrategyError, match="pip install"):
-        check_strategy_available("deepspeed", "cuda")
+        check_strategy_available(StrategyName.deepspeed_zero3, "cuda")

@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 4 tests/train/tp_logits.py RUN_DIR STEP OUT.pt
 
-Builds the model exactly as the trainer does (``launch.env``'s mesh: tensor
+Builds the model exactly as the trainer does (the config's mesh: tensor
 parallel, then FSDP2), loads ``checkpoints/step-STEP`` through the trainer's
 checkpointer and runs the model's own forward (logits, not the installed loss)
 on a fixed input; rank 0 saves them to ``OUT.pt`` (a plain tensor file).
@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.train import parallel
 from fsdp_workflow.train.checkpoint import CheckpointDir
 from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.data import RankBatches, SyntheticSource
@@ -32,7 +31,7 @@ def main(run_dir: str, step: int, out: str) -> None:
     run = RunDir.of(Path(run_dir).resolve())
     cfg = load_run_config(run.root)
     ranks = Ranks.start(cfg, run)
-    trainee = build_trainee(cfg, ranks, parallel.requested_strategy())
+    trainee = build_trainee(cfg, ranks)
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)
     batches = RankBatches(SyntheticSource(cfg.train.seq_len, 0, 260), 1, ranks.mesh.dp_rank, ranks.mesh.dp_size)
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches)
