@@ -108,7 +108,21 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
             "`python -m fsdp_workflow ... dry_run=true run_dir=DIR` (or its config.yaml)."
         )
     schema = OmegaConf.structured(WorkflowConfig)
-    return to_typed(OmegaConf.merge(schema, OmegaConf.load(path)))
+    return to_typed(OmegaConf.merge(schema, _upgrade(OmegaConf.load(path))))
+
+
+# Values earlier versions wrote to config.yaml, and what they mean now: a run planned before
+# selective checkpointing (a bool) still loads for status, replan, evaluate and resume.
+_RENAMED_VALUES = {("strategy", "activation_checkpointing"): {True: "full", False: "none"}}
+
+
+def _upgrade(loaded):
+    """A recorded config with each value an earlier version wrote spelled as this version reads it."""
+    for (group, key), mapping in _RENAMED_VALUES.items():
+        section = loaded.get(group) if hasattr(loaded, "get") else None
+        if section is not None and key in section and isinstance(section[key], bool):
+            section[key] = mapping[section[key]]
+    return loaded
 
 
 DEFAULT_EXPERIMENT = "smoke"

@@ -88,3 +88,18 @@ def test_provenance_exits_checkpoints_and_models(tmp_path: Path) -> None:
     assert rec.model_ema.state == "present (unreadable verification.json)"
     assert rec.problems[0] == f"{run.train_exit}: no integer exit_code (found '0')"
     assert rec.problems[1].startswith(f"{run.hf_model_ema / VERIFICATION_FILE}: not JSON")
+
+
+def test_a_config_written_before_selective_checkpointing_still_loads(tmp_path):
+    """config.yaml of a run planned by an earlier version held a bool: it still loads, as full/none."""
+    import yaml
+
+    from fsdp_workflow.config import compose
+    from fsdp_workflow.config.load import load_run_config, to_yaml
+
+    for old, new in ((True, "full"), (False, "none")):
+        data = yaml.safe_load(to_yaml(compose(["+experiment=smoke"])))
+        data["strategy"]["activation_checkpointing"] = old
+        path = tmp_path / f"{old}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        assert load_run_config(path).strategy.activation_checkpointing.value == new
