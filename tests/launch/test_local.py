@@ -130,10 +130,16 @@ def test_two_local_runs_on_one_run_dir_the_second_is_refused_the_first_finishes(
     first = start_cli(run, args)
     try:
         wait_for_step(run, 1, first)
-        t0 = time.monotonic()
-        second = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=tmp_path, capture_output=True,
-                                text=True, timeout=120)
-        took = time.monotonic() - t0
+        # Freeze the first launcher (it keeps its lock) so that, however loaded the machine, the
+        # second command starts while the first run is unfinished; it finishes once thawed.
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            second = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=tmp_path, capture_output=True,
+                                    text=True, timeout=120)
+            took = time.monotonic() - t0
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         first.wait(timeout=180)
     finally:
         if first.poll() is None:
