@@ -1,8 +1,7 @@
 """What the evaluation stage reads of a run directory: the typed config, and the run's layout from it.
 
-:func:`open_run` is the only place evaluate opens a file of the run it did not write
-itself, so that moving it onto the typed record of a run (``core/run.py``, issue 28) is a
-one-function change. Every path evaluate uses comes from the one :class:`RunDir` built here.
+:func:`open_run` reads them through the run record (:mod:`fsdp_workflow.config.record`),
+the one read side of a run directory; every path evaluate uses comes from its layout.
 """
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf.errors import OmegaConfBaseException
-
-from fsdp_workflow.config.load import load_run_config
+from fsdp_workflow.config.record import open_run as run_record
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import RunDir
 
@@ -50,13 +47,12 @@ def open_run(run_dir: Path) -> EvalRun:
     Raises:
         RunNotReadable: no ``config.yaml`` there, or one the schema refuses.
     """
-    layout = RunDir.of(run_dir)
-    try:
-        cfg = load_run_config(layout.root)
-    except FileNotFoundError:
-        raise RunNotReadable(f"{layout.config}: not found; RUN_DIR must be a run directory written by "
-                             "`python -m fsdp_workflow ... run_dir=RUN_DIR` (it holds config.yaml)") from None
-    except (ValueError, OmegaConfBaseException) as err:
-        raise RunNotReadable(f"{layout.config}: the config schema refuses it: {err}; fix the key named "
-                             "(`python -m fsdp_workflow.replan RUN_DIR` checks a hand-edited config)") from None
-    return EvalRun(cfg, RunDir.of(layout.root, cfg.cluster.log_dir, cfg.consolidate.output_dir))
+    record = run_record(run_dir)
+    cfg = record.config
+    if cfg is None:
+        if record.config_problem:
+            raise RunNotReadable(f"{record.config_problem}; fix the key named "
+                                 "(`python -m fsdp_workflow.replan RUN_DIR` checks a hand-edited config)")
+        raise RunNotReadable(f"{RunDir(record.root).config}: not found; RUN_DIR must be a run directory written by "
+                             "`python -m fsdp_workflow ... run_dir=RUN_DIR` (it holds config.yaml)")
+    return EvalRun(cfg, record.layout)
