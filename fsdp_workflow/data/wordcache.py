@@ -46,18 +46,29 @@ _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # a character this path does not ha
 _ASCII_CLASSES = {"L": "A-Za-z", "Lu": "A-Z", "Ll": "a-z", "N": "0-9", "Nd": "0-9",
                   "Lt": "", "Lm": "", "Lo": "", "M": "", "Mn": "", "Mc": "", "Me": "", "Nl": "", "No": ""}
 _UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+_ESCAPES = "pPsSrntdDwW"  # escapes that mean the same to Oniguruma and to re.ASCII on the characters seen here
 _PROBES = ("Hello, world! It's 42.", "we'll  see\n\n\tthe END'S   \r\nof 1234567 and x2y3", "  lead\nand trail  ",
            "a\r\n\r\nb", "don't!!! ?? ...  ;; (x) [y] {z}", "MiXeD CaSe'LL 'VE 12ab34", "\t\t", " ", "x")
 
 
 def _ascii_pattern(pattern: str) -> Optional[str]:
-    """``pattern`` with ``\\p{..}`` classes spelt in ASCII, or None where it uses a class not known here."""
+    """``pattern`` with ``\\p{..}`` classes spelt in ASCII for Python's ``re``, or None where the two engines may differ.
+
+    Refused: a class not known here, escapes other than :data:`_ESCAPES`, anchors
+    (Oniguruma's ``^``/``$`` match at every line), inline flags other than ``i``.
+    """
+    if re.search(r"\(\?(?![:=!>i]|<[=!])", pattern) or re.search(r"\(\?i[^:)]", pattern):
+        return None
     out: List[str] = []
     i, depth = 0, 0
     while i < len(pattern):
         c = pattern[i]
+        if c in "^$" and not (depth and c == "^" and pattern[i - 1] == "["):
+            return None
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
+            if nxt.isalnum() and nxt not in _ESCAPES:
+                return None
             if nxt in "pP":
                 m = re.match(r"\\[pP]\{(\w+)\}", pattern[i:])
                 if nxt == "P" or m is None or m.group(1) not in _ASCII_CLASSES:
@@ -152,6 +163,8 @@ class WordCache:
         self._token_chars = np.zeros(max(vocab.values(), default=0) + 1, dtype=np.int64)
         for token, i in vocab.items():
             self._token_chars[i] = len(token)
+        for token, i in added.items():  # an added token covers its own text
+            self._token_chars[i] = len(token)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> Optional["WordCache"]:
@@ -185,6 +198,9 @@ class WordCache:
             added_tokens = list(backend.get_added_tokens_decoder().items())
             if any(t.lstrip or t.rstrip or t.single_word or not t.content for _, t in added_tokens):
                 return None
+            if backend.normalizer is not None and any(t.normalized and _UNSAFE.search(t.content)
+                                                      for _, t in added_tokens):
+                return None  # matched after normalising: a non-ASCII one may change (NFKC's "\ufb01" is "fi")
             added = {t.content: i for i, t in added_tokens}
             cache = cls(backend, words, _alternation([t.content for _, t in added_tokens if not t.normalized]),
                         _alternation([t.content for _, t in added_tokens if t.normalized]), added)

@@ -132,6 +132,13 @@ def test_shapes_the_word_cache_cannot_match_are_refused() -> None:
     assert WordCache.for_tokenizer(_tokenizer(byte_level, post=processors.ByteLevel(trim_offsets=True))) is None
     assert WordCache.for_tokenizer(_tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=True))) is None
     assert WordCache.for_tokenizer(byte_level_tokenizer()) is None
+    # a Split regex whose meaning may differ between Oniguruma and Python (anchors, word boundaries, flags)
+    from tokenizers import Regex
+
+    for pattern in (r"^\s+|\S+", r"\b\w+|\s+", r"(?m:.)+|\n"):
+        pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        assert WordCache.for_tokenizer(_tokenizer(pre)) is None, pattern
     assert WordCache.for_tokenizer(object()) is None
 
 
