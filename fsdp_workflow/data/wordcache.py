@@ -158,6 +158,8 @@ class WordCache:
         self._words, self._special, self._normal, self._added = words, special, normal, added
         self._byte_char = bytes_to_unicode()
         self._ids = _Ids(self._miss)  # hits never leave C
+        # added tokens that are not ASCII themselves (DeepSeek's <｜User｜>): then each piece is checked instead
+        self._unsafe_added = any(_UNSAFE.search(t) for t in added)
         # characters of each token: its byte-level string's length (one byte = one ASCII character)
         vocab = backend.get_vocab(with_added_tokens=True)
         self._token_chars = np.zeros(max(vocab.values(), default=0) + 1, dtype=np.int64)
@@ -238,6 +240,8 @@ class WordCache:
         None for a text holding, outside its added tokens, a character other than
         printable ASCII, tab, newline or carriage return, or one whose words do not cover it.
         """
+        if not self._unsafe_added and _UNSAFE.search(text) is not None:
+            return None  # decided before any work: a non-ASCII corpus costs only this search
         if len(self._ids) >= MAX_WORDS:  # bounded memory on a corpus of many distinct words
             self._ids.clear()
         ids: List[int] = []
