@@ -217,7 +217,8 @@ def main() -> None:
     med = {w: statistics.median(x["seconds"] for x in rs) for w, rs in runs.items()}
     peak = {w: max(x["peak_rss_mb"] for x in rs) for w, rs in runs.items()}
     cpu = {w: statistics.median(x["cpu_s"] for x in rs) for w, rs in runs.items()}
-    print(f"\n{'':9} {'median s':>9} {'tokens/s':>11} {'peak RSS, all processes (MB)':>30} {'median CPU s':>13}")
+    print(f"\n{'':9} {'median s':>9} {'tokens/s':>11} {'peak RSS, all processes (MB)':>30} "
+          f"{'median CPU s':>13}")
     for w in runs:
         print(f"{w:9} {med[w]:9.2f} {a['tokens'] / med[w]:11,.0f} {peak[w]:30,.0f} {cpu[w]:13.1f}")
     pairs = " ".join(f"{p['seconds'] / q['seconds']:.2f}x" for p, q in zip(runs["peer"], runs["prepare"]))
