@@ -223,7 +223,8 @@ def main() -> None:
         print(f"{w:9} {med[w]:9.2f} {a['tokens'] / med[w]:11,.0f} {peak[w]:30,.0f} {cpu[w]:13.1f}")
     pairs = " ".join(f"{p['seconds'] / q['seconds']:.2f}x" for p, q in zip(runs["peer"], runs["prepare"]))
     print(f"speed-up {med['peer'] / med['prepare']:.2f}x (per round: {pairs}); "
-          f"CPU {cpu['peer'] / cpu['prepare']:.2f}x; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+          f"CPU {cpu['peer'] / cpu['prepare']:.2f}x; "
+          f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
     print(json.dumps({"conversations": n, "workers": args.workers, "median_s": med, "peak_rss_mb": peak, "cpu_s": cpu,
                       "load_before": load_before, "load_after": os.getloadavg(), "runs": runs}))
 
