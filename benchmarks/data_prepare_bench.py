@@ -19,9 +19,10 @@ interleaved (A B, B A, A B, ...), each in a fresh process with a fresh cache:
   tests/data/test_masks.py), but no packing or cache of ours.
 
 The two must agree on the token count and the trained-token count (checked).
-Reported per side: the median wall time, tokens/s, and the peak of the summed
+Reported per side: the median wall time, tokens/s, the peak of the summed
 RSS of the process and all its children (sampled every 20 ms by this script),
-plus the machine's load average before and after.
+and the median CPU seconds of the process tree (imports included); plus the
+ratio of each round's pair and the machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -141,8 +143,18 @@ def _tree_rss(proc: "psutil.Process") -> int:
     return total
 
 
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def measure(cmd: list, env: dict) -> tuple:
-    """Run ``cmd``; return (its RESULT dict, the peak of the summed RSS of it and its children, in MB)."""
+    """Run ``cmd``; return (its RESULT dict, the peak of the summed RSS of it and its children in MB, their CPU s).
+
+    The CPU seconds (user + system of the whole process tree, imports included)
+    move far less with the machine's load than wall time does.
+    """
+    cpu0 = _children_cpu_s()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     ps = psutil.Process(proc.pid)
     peak = 0
@@ -156,7 +168,7 @@ def measure(cmd: list, env: dict) -> tuple:
     line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
         sys.exit(f"{cmd[-1]} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    return json.loads(line[0][len("RESULT "):]), peak / 2**20
+    return json.loads(line[0][len("RESULT "):]), peak / 2**20, _children_cpu_s() - cpu0
 
 
 def main() -> None:
@@ -191,11 +203,12 @@ def main() -> None:
             run_out = out / f"{which}{r}"
             cmd = [sys.executable, __file__, "--data", str(data), "--tok", str(tok_dir), "--out", str(run_out),
                    "--workers", str(args.workers), "--one", which]
-            res, peak = measure(cmd, env)
-            res["peak_rss_mb"] = peak
+            res, peak, cpu = measure(cmd, env)
+            res["peak_rss_mb"], res["cpu_s"] = peak, cpu
             runs[which].append(res)
             print(f"round {r} {which:8} {res['seconds']:7.2f} s  {res['tokens']:,} tokens  "
-                  f"{res['trained']:,} trained  peak {peak:,.0f} MB  load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"{res['trained']:,} trained  peak {peak:,.0f} MB  cpu {cpu:.1f} s  "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
             shutil.rmtree(run_out, ignore_errors=True)
     a, b = runs["prepare"][0], runs["peer"][0]
     if (a["tokens"], a["trained"]) != (b["tokens"], b["trained"]):
@@ -203,12 +216,16 @@ def main() -> None:
                  f"peer {b['tokens']:,} / {b['trained']:,}")
     med = {w: statistics.median(x["seconds"] for x in rs) for w, rs in runs.items()}
     peak = {w: max(x["peak_rss_mb"] for x in rs) for w, rs in runs.items()}
-    print(f"\n{'':9} {'median s':>9} {'tokens/s':>11} {'peak RSS, all processes (MB)':>30}")
+    cpu = {w: statistics.median(x["cpu_s"] for x in rs) for w, rs in runs.items()}
+    print(f"\n{'':9} {'median s':>9} {'tokens/s':>11} {'peak RSS, all processes (MB)':>30} "
+          f"{'median CPU s':>13}")
     for w in runs:
-        print(f"{w:9} {med[w]:9.2f} {a['tokens'] / med[w]:11,.0f} {peak[w]:30,.0f}")
-    print(f"speed-up {med['peer'] / med['prepare']:.2f}x; load average {load_before[0]:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after")
-    print(json.dumps({"conversations": n, "workers": args.workers, "median_s": med, "peak_rss_mb": peak,
+        print(f"{w:9} {med[w]:9.2f} {a['tokens'] / med[w]:11,.0f} {peak[w]:30,.0f} {cpu[w]:13.1f}")
+    pairs = " ".join(f"{p['seconds'] / q['seconds']:.2f}x" for p, q in zip(runs["peer"], runs["prepare"]))
+    print(f"speed-up {med['peer'] / med['prepare']:.2f}x (per round: {pairs}); "
+          f"CPU {cpu['peer'] / cpu['prepare']:.2f}x; "
+          f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(json.dumps({"conversations": n, "workers": args.workers, "median_s": med, "peak_rss_mb": peak, "cpu_s": cpu,
                       "load_before": load_before, "load_after": os.getloadavg(), "runs": runs}))
 
 

@@ -24,6 +24,7 @@ from fsdp_workflow.data.cache import IGNORE_INDEX
 from fsdp_workflow.data.formats import BadRecord, Document, FormatSpec, parse_json_line, to_document
 from fsdp_workflow.data.sources import BadPayload, Chunk
 from fsdp_workflow.data.templates import compile_template
+from fsdp_workflow.data.wordcache import WordCache
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def init_worker(spec: EncodeSpec, tokenizer: Any = None) -> None:
     if template is not None and not template.marked:
         template.end_of_turn(tokenizer, **variables)  # once, here: a template without one is refused up front
     _STATE.clear()
-    _STATE.update(spec=spec, tokenizer=tokenizer, render=template, variables=variables)
+    _STATE.update(spec=spec, tokenizer=tokenizer, render=template, variables=variables,
+                  words=WordCache.for_tokenizer(tokenizer))
 
 
 def template_variables(tokenizer: Any) -> Dict[str, Any]:
@@ -163,6 +165,34 @@ def _fast_encode(tok: Any, texts: List[str], spans: List[List[Tuple[int, int]]],
     return out
 
 
+def _encode_docs(tok: Any, docs: List[Document], seq_len: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """Token ids and trained masks of ``docs``: the word cache where it applies, the Rust tokenizer for the rest.
+
+    Both give the same ids and offsets (:mod:`fsdp_workflow.data.wordcache`); the
+    word cache skips the Rust pre-tokenizer's per-byte bookkeeping, most of the
+    tokenising time on ASCII text (docs/data.md, "Benchmark").
+    """
+    out: List[Any] = [None] * len(docs)
+    words: Optional[WordCache] = _STATE.get("words")
+    if words is not None:
+        budget = max(CHARS_PER_TOKEN * seq_len, 4096)  # longer texts: _tokenize's prefix rule
+        for i, d in enumerate(docs):
+            got = words.encode(d.text) if len(d.text) <= budget else None
+            if got is not None:
+                out[i] = (got[0], trained_mask(got[1], d.spans))
+    rest = [i for i, o in enumerate(out) if o is None]
+    if rest:
+        texts = [docs[i].text for i in rest]
+        fast = _fast_encode(tok, texts, [docs[i].spans for i in rest], seq_len)
+        if fast is None:
+            fast = [(np.asarray(ids, dtype=np.int32),
+                     trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), docs[i].spans))
+                    for i, (ids, offs) in zip(rest, _tokenize(tok, texts, seq_len))]
+        for i, pair in zip(rest, fast):
+            out[i] = pair
+    return out
+
+
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Tokenise and label one chunk of records (in the worker set up by :func:`init_worker`).
 
@@ -187,11 +217,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
             result.bad.append((path, line, str(err)))
     if not docs:
         return result
-    texts = [d.text for d in docs]
-    fast = _fast_encode(tok, texts, [d.spans for d in docs], spec.seq_len)
-    if fast is None:
-        fast = [(np.asarray(ids, dtype=np.int32), trained_mask(np.asarray(offs, dtype=np.int64).reshape(-1, 2), d.spans))
-                for d, (ids, offs) in zip(docs, _tokenize(tok, texts, spec.seq_len))]
+    fast = _encode_docs(tok, docs, spec.seq_len)
     eos = tok.eos_token_id
     toks: List[np.ndarray] = []
     labs: List[np.ndarray] = []
