@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -106,6 +107,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report_user_error(log, f"inspect: {err}", err)
         return EXIT_USAGE
     records = [sample_record(split, i, tok, cache, args.split) for i in range(min(args.n, split.num_samples))]
+    try:
+        _print(records, args, cache, split)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet too
+    return EXIT_OK
+
+
+def _print(records: list, args: argparse.Namespace, cache: Any, split: Any) -> None:
+    """The samples as JSON (``--json``) or as marked-up text."""
     if args.json:
         json.dump(records, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
@@ -115,7 +125,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "[piece](label, id) is trained, piece(-100, id) is not")
         for r in records:
             print(render_text(r, args.split, color))
-    return EXIT_OK
 
 
 if __name__ == "__main__":

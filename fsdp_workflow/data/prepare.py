@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 import numpy as np
 
 from fsdp_workflow.config.schema import DataFormat, DataSource, ModelInit, OnBadRecord, WorkflowConfig, run_layout
-from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
 from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
 from fsdp_workflow.data.cache import (FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, verify_cache,
@@ -194,6 +195,8 @@ def _encode_all(chunks: Iterable[Any], spec: EncodeSpec, tokenizer: Any, workers
 
 def _child_init() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    # Ctrl-C reaches the whole process group: the parent reports it once and ends the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass
@@ -563,6 +566,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (DataError, TemplateError, CacheError, ConfigError, FileNotFoundError, OmegaConfBaseException) as err:
         report_user_error(log, f"prepare: {err}", err)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # the workers ignore SIGINT (_child_init): one message, from here
+        log.error("prepare: interrupted (Ctrl-C); nothing of this prepare is kept or used (a cache is published "
+                  "only when complete). Run the same command again to prepare from the start.")
+        return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - the traceback is the report
         log.exception("prepare failed")
         return EXIT_FAILURE

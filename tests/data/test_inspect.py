@@ -72,3 +72,26 @@ def test_inspect_shows_each_documents_file_and_line(run: Path, capsys: pytest.Ca
         assert src.rsplit(":", 1)[0].endswith("chat.jsonl")
         text = "".join(s["pieces"][a:b])
         assert f"q{line - 1}" in text and f"a{line - 1}" in text  # line n holds CHAT[n - 1]
+
+
+def test_output_cut_short_by_a_pipe_is_quiet(tmp_path: Path) -> None:
+    """`data.inspect RUN_DIR -n 200 | head -1`: the reader leaves early; no BrokenPipe traceback, exit 0."""
+    import subprocess
+    import sys
+
+    chat = [{"messages": [{"role": "user", "content": f"question {i} " * 8},
+                          {"role": "assistant", "content": f"answer {i} " * 8}]} for i in range(400)]
+    path = write_jsonl(tmp_path / "chat.jsonl", chat)
+    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
+                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
+    layout = run_layout(cfg)
+    layout.root.mkdir(parents=True)
+    layout.config.write_text(to_yaml(cfg))
+    prepare(cfg, num_workers=1, progress=False)
+    proc = subprocess.Popen([sys.executable, "-m", "fsdp_workflow.data.inspect", str(layout.root), "-n", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()  # what `head -1` reads, then it closes the pipe
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
