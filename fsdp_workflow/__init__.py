@@ -6,9 +6,12 @@ Pipeline stages, each a subpackage, each importing only the ones above it in thi
 * ``core``        - the run-directory contract, exit codes, sizes, allow-list unpickling
 * ``config``      - typed schema, cross-field validation, the Accelerate environment, and the
                     run record (``config.record``): the one read side of a run directory
-* ``container``   - Apptainer / pyxis wrapping of each step, as data
+* ``container``   - one class per container runtime (Apptainer, pyxis, Charliecloud, none): checks,
+                    binds, environment filtering, wrapping of each step, as data
 * ``plan``        - the launch built as data and rendered (sbatch, submit.sh, launcher)
-* ``launch``      - run the plan locally or submit it to Slurm
+* ``launch``      - run the plan locally or submit it to Slurm (``api``: ``fsdp_workflow.submit``,
+                    the same path as a function returning submitit job handles)
+* ``preflight``   - run by the training job before torchrun, one task per node
 * ``train``       - the per-rank trainer (Accelerate + FSDP/DeepSpeed, DCP checkpoints)
 * ``consolidate`` - stream sharded checkpoints into safetensors and verify them
 * ``evaluate``    - one checkpoint: consolidate it, measure held-out perplexity
