@@ -24,8 +24,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fsdp_workflow"
 READ_ONLY_BY_VALIDATION = {
     "strategy.context_parallel_size": "values above 1 are refused (context parallelism is not built: "
                                       "docs/parallelism.md); 1 is what runs",
-    "train.global_batch_size": "a declared target: validation refuses any value other than what "
-                               "micro_batch_size x grad_accum_steps x data-parallel size gives",
 }
 
 

@@ -156,11 +156,14 @@ def test_status_shows_the_time_left_in_the_running_training_jobs_allocation(slur
     """A real running job with --time=10 stands in for the training job (no training: metrics.jsonl is
     written as the trainer writes it): the time left is scontrol's TimeLimit minus RunTime, and the
     ETA at 2 s a step for the 90 steps left (3 minutes) fits in it."""
-    import yaml
+    from fsdp_workflow.config import compose
+    from fsdp_workflow.config.load import to_yaml
 
     run_dir = tmp_path / "running"
     (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 100}}))
+    # status reads config.yaml through the run record: a whole config, as planning writes it
+    (run_dir / "config.yaml").write_text(to_yaml(compose(["+experiment=smoke", "train.max_steps=100",
+                                                          f"run_dir={run_dir}"])))
     (run_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"time": 1000.0 + 2 * s, "step": s, "loss": 5.0 - s / 10, "tokens_per_s": 900.0, "mfu": 0.1}) + "\n"
         for s in range(1, 11)))
