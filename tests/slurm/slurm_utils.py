@@ -142,6 +142,10 @@ def release_requeued(job_id: int | str, timeout_s: float = 60,
     COMPLETING/REQUEUED while its old run is cleaned up). Returns the record.
     """
     rec = wait_for_state(job_id, {"PENDING"}, timeout_s=timeout_s, env=env)
+    # slurmd revokes the old run's credential when the job is requeued, and refuses a credential
+    # issued within the same second ("Killing non-startable batch JobId=N: Job credential revoked",
+    # the job then FAILED with exit 1): the new run must start at least a second later.
+    time.sleep(1.5)
     _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
     return rec
 

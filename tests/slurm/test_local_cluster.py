@@ -92,6 +92,13 @@ def test_requeue_released_with_starttime_now(tmp_path):
         if not Path(f"/proc/{first_shell}").exists():
             break
         time.sleep(0.1)
+    # ... and only once slurmd has let go of the first run (its step daemon gone): released while the
+    # node still cleans it up, the new run's launch fails (FAILED, exit 1, nothing in the log).
+    for _ in range(600):
+        pids = su._run(["scontrol", "listpids", str(job)], check=False)
+        if pids.returncode != 0 or len(pids.stdout.strip().splitlines()) <= 1:
+            break
+        time.sleep(0.1)
     rec = su.release_requeued(job, timeout_s=60)
     assert rec["Reason"] in {"BeginTime", "None"}, rec
     final = su.wait_for_job(job, timeout_s=60)
