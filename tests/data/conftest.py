@@ -31,6 +31,20 @@ def write_jsonl(path: Path, records: List[Any]) -> Path:
     return path
 
 
+def chat_run_dir(tmp_path: Path, records: List[Any]) -> WorkflowConfig:
+    """A run directory (``tmp_path/run`` with its config.yaml) over ``records`` as chatml conversations."""
+    from fsdp_workflow.config.load import to_yaml
+    from fsdp_workflow.config.schema import DataFormat, DataSource, run_layout
+
+    path = write_jsonl(tmp_path / "chat.jsonl", records)
+    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
+                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
+    layout = run_layout(cfg)
+    layout.root.mkdir(parents=True)
+    layout.config.write_text(to_yaml(cfg))
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def bpe_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small byte-level BPE tokenizer trained on the shipped corpus, with the chatml specials, saved locally."""

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config.load import to_yaml
-from fsdp_workflow.config.schema import DataFormat, DataSource, run_layout
+from fsdp_workflow.config.schema import DataSource, run_layout
 from fsdp_workflow.data.inspect import main
 from fsdp_workflow.data.prepare import prepare
 
-from .conftest import make_cfg, write_jsonl
+from .conftest import chat_run_dir, make_cfg
 
 CHAT = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
         for i in range(4)]
@@ -20,14 +20,9 @@ CHAT = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant"
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
-    path = write_jsonl(tmp_path / "chat.jsonl", CHAT)
-    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
-                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
-    layout = run_layout(cfg)
-    layout.root.mkdir(parents=True)
-    layout.config.write_text(to_yaml(cfg))
+    cfg = chat_run_dir(tmp_path, CHAT)
     prepare(cfg, num_workers=1, progress=False)
-    return layout.root
+    return run_layout(cfg).root
 
 
 def test_json(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,12 +76,8 @@ def test_output_cut_short_by_a_pipe_is_quiet(tmp_path: Path) -> None:
 
     chat = [{"messages": [{"role": "user", "content": f"question {i} " * 8},
                           {"role": "assistant", "content": f"answer {i} " * 8}]} for i in range(400)]
-    path = write_jsonl(tmp_path / "chat.jsonl", chat)
-    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
-                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
+    cfg = chat_run_dir(tmp_path, chat)
     layout = run_layout(cfg)
-    layout.root.mkdir(parents=True)
-    layout.config.write_text(to_yaml(cfg))
     prepare(cfg, num_workers=1, progress=False)
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_workflow.data.inspect", str(layout.root), "-n", "200"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

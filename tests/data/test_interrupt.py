@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from fsdp_workflow.config.load import to_yaml
-from fsdp_workflow.config.schema import DataFormat, DataSource, run_layout
+from fsdp_workflow.config.schema import run_layout
 
-from .conftest import make_cfg, write_jsonl
+from .conftest import chat_run_dir
 
 
 def _children(pid: int) -> list:
@@ -23,12 +22,7 @@ def _children(pid: int) -> list:
 def test_ctrl_c_mid_prepare_exits_130_with_one_message_and_keeps_nothing(tmp_path: Path) -> None:
     chat = [{"messages": [{"role": "user", "content": f"question number {i} " * 12},
                           {"role": "assistant", "content": f"the answer to {i} " * 12}]} for i in range(60000)]
-    path = write_jsonl(tmp_path / "chat.jsonl", chat)
-    cfg = make_cfg(tmp_path / "run", seq_len=256, source=DataSource.jsonl, path=str(path),
-                   format=DataFormat.conversation, chat_template="chatml", eval_fraction=0.0)
-    layout = run_layout(cfg)
-    layout.root.mkdir(parents=True)
-    layout.config.write_text(to_yaml(cfg))
+    layout = run_layout(chat_run_dir(tmp_path, chat))
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_workflow.data.prepare", str(layout.root), "--workers", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 120
