@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, argv)
     finally:
-        if previous is signal.default_int_handler:  # main() called in-process (tests): leave Ctrl-C as it was
+        # main() called in-process (tests): leave Ctrl-C as it was. After a Ctrl-C, though, it
+        # stays ignored: the process is on its way out, and a second press while the interpreter
+        # joins its threads would otherwise print a traceback under the one-line message.
+        if previous is signal.default_int_handler and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, previous)
 
 

@@ -417,6 +417,8 @@ def deferred_interrupt() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
     if pending and previous not in (signal.SIG_IGN, None):
+        if callable(previous):
+            previous(signal.SIGINT, None)  # the held Ctrl-C, taken as the handler in place takes it
         raise KeyboardInterrupt
 
 
