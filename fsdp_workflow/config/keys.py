@@ -15,7 +15,7 @@ import typing
 from typing import Any, Iterable, List, Optional, Sequence
 
 from fsdp_workflow.config.errors import Issue
-from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.config.schema import WorkflowConfig, field_hints
 
 _SELECTORS = ("experiment",)  # defaults-list slots that are not fields
 # Keys that existed and were removed because nothing read them: say why.
@@ -29,7 +29,7 @@ REMOVED = {
 
 
 def _field_types(cls: Any) -> dict:
-    hints = typing.get_type_hints(cls)
+    hints = field_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 

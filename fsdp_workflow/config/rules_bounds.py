@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any, Iterator, List, Optional, Tuple
 
-from fsdp_workflow.config.schema import BOUNDS_KEY, WorkflowConfig
+from fsdp_workflow.config.schema import BOUNDS_KEY, WorkflowConfig, field_hints
 from fsdp_workflow.config.errors import BOUNDS_WHY, Rule, ValidationReport
 
 
@@ -20,7 +20,7 @@ def bounded_fields(root: Any = WorkflowConfig, prefix: str = "") -> Iterator[Tup
     """Every bounded field as ``(dotted key, {"ge", "gt", "le", "lt"}, schema default)``, in schema order."""
     import typing
 
-    hints = typing.get_type_hints(root)
+    hints = field_hints(root)
     for f in dataclasses.fields(root):
         key = f"{prefix}{f.name}"
         if BOUNDS_KEY in f.metadata:

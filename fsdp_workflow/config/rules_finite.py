@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Iterator, List, Tuple
 
 from fsdp_workflow.config.errors import Rule, ValidationReport
-from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.config.schema import WorkflowConfig, field_hints
 
 NONFINITE_WHY = "must be a finite number"
 
@@ -59,7 +59,7 @@ def _fix(key: str) -> str:
         if part not in fields:
             return f"{key}=<a finite number>"
         f = fields[part]
-        node = typing.get_type_hints(node)[part]
+        node = field_hints(node)[part]
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
     if isinstance(default, float) and math.isfinite(default):
