@@ -86,6 +86,26 @@ def job_name(cfg: WorkflowConfig, role: str) -> str:
     return _sbatch_value("name", f"{cfg.name}-{role}" if num is None else f"{cfg.name}-{num}-{role}")
 
 
+def console_script(cfg: WorkflowConfig, name: str, module: str) -> List[str]:
+    """``name`` (a console script such as ``torchrun``) as the job will find it.
+
+    Outside an image the job runs the planning interpreter, and its scripts are found
+    beside it (``PATH`` starts there). A venv made with ``--system-site-packages`` has
+    the interpreter but not the system's ``torchrun``: the job would end with "command
+    not found" (127) after its time in the queue. Then the module runs under the
+    planning interpreter instead (``python -m``, made absolute by :func:`wrap_argv`).
+    In an image, the image's own script is used.
+    """
+    if in_image(cfg) or beside_interpreter(name):
+        return [name]
+    return ["python", "-m", module]
+
+
+def beside_interpreter(name: str) -> bool:
+    """Whether the planning interpreter's directory holds an executable ``name``."""
+    return os.access(os.path.join(os.path.dirname(sys.executable), name), os.X_OK)
+
+
 def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
     """The per-node launcher. ``$SLURM_NODEID``/``$MASTER_*`` are expanded in the task, not the batch shell."""
     c = cfg.cluster
@@ -101,7 +121,7 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
         # accelerate launch drops FSDP for one process with its plain launcher; it is
         # only offered for multi-process runs (validated), and reads launch.env itself.
         return [
-            "accelerate", "launch",
+            *console_script(cfg, "accelerate", "accelerate.commands.launch"),
             f"--num_machines={c.nodes}",
             f"--num_processes={world_size(cfg)}",
             Expand("--machine_rank=${SLURM_NODEID:-0}"),
@@ -111,7 +131,7 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
             "-m", "fsdp_workflow.train", str(run_dir),
         ]
     return [
-        "torchrun",
+        *console_script(cfg, "torchrun", "torch.distributed.run"),
         *rendezvous,
         f"--nproc_per_node={c.processes_per_node}",
         "--max_restarts=0",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -356,3 +357,9 @@ def test_the_editable_install_composes_and_snapshots_the_tree(editable: Editable
     assert snap.is_dir() and not snap.is_symlink(), sorted(p.name for p in (run_dir / "code" / PACKAGE).iterdir())
     assert _yaml_files(snap) == _yaml_files(ROOT / "conf")
     assert list(elsewhere.iterdir()) == [], "the command left files in the working directory"
+    # This venv (--system-site-packages) has no torchrun of its own: the system's is not on a
+    # job's PATH, so the node script runs torch's launcher module under the venv's interpreter.
+    assert not (editable.venv / "bin" / "torchrun").exists()
+    node_script = (run_dir / "train_node.sh").read_text()
+    assert f"exec {shlex.quote(str(editable.venv / 'bin' / 'python'))} -m torch.distributed.run " in node_script, \
+        node_script

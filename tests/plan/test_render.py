@@ -17,6 +17,7 @@ import pytest
 
 from fsdp_workflow.config import compose
 from fsdp_workflow.plan.render import render_all, shell_join
+from fsdp_workflow.plan import spec
 from fsdp_workflow.plan.spec import build_plan
 
 from golden_files import mask_config_hash  # tests/golden_files.py
@@ -36,6 +37,7 @@ def _fixed_interpreter(monkeypatch):
     import sys
 
     monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
+    monkeypatch.setattr(spec, "beside_interpreter", lambda name: True)  # a venv with torch's console scripts
 
 
 VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"]),
@@ -74,6 +76,20 @@ def test_scripts_check_the_planned_config_hash() -> None:
     scripts = render_all(plan)
     for name in ("prepare.sbatch", "train.sbatch", "consolidate.sbatch"):
         assert f"CONFIG_SHA256={plan.config_sha256}\n" in scripts[name], name
+
+
+def test_a_venv_without_torchrun_runs_the_launcher_module_under_its_interpreter(monkeypatch) -> None:
+    """``python -m venv --system-site-packages``: torch (and its torchrun) live outside the venv's bin/,
+    which is all a job's PATH is sure to hold. The launcher then runs as a module of the planning interpreter."""
+    monkeypatch.setattr(spec, "beside_interpreter", lambda name: False)
+    node = render_all(build_plan(_cfg("smoke", "/runs/smoke")))["train_node.sh"]
+    assert "exec /opt/venv/bin/python -m torch.distributed.run --nnodes=1 " in node, node
+    cfg = _cfg("llama8b_fft", "/runs/x", "cluster.launcher=accelerate")
+    node = render_all(build_plan(cfg))["train_node.sh"]
+    assert "exec /opt/venv/bin/python -m accelerate.commands.launch --num_machines=2 " in node, node
+    # In an image the image's own console script runs, whatever the host's venv holds.
+    cfg = _cfg("llama8b_fft", "/runs/x", "container=charliecloud", "container.image=/images/fsdp_workflow")
+    assert " torchrun --nnodes=2 " in render_all(build_plan(cfg))["train_node.sh"]
 
 
 def test_multinode_launch_reads_node_rank_in_the_task() -> None:
