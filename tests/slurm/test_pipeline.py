@@ -94,24 +94,49 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     assert "](loss_curve.png)" in (card_dir / "README.md").read_text()
 
 
-def test_submit_sh_runs_the_identical_chain(slurm_cluster, tmp_path):
+def test_submit_sh_from_a_fresh_login_shell_runs_the_identical_chain(slurm_cluster, tmp_path):
+    """``bash submit.sh`` under ``env -i``: the jobs run the interpreter and environment that planned.
+
+    ``env -i`` leaves only ``PATH`` (the system's, where Slurm's commands are, and no venv) and
+    ``SLURM_CONF``. Without the recorded interpreter the preparation job ran whichever
+    ``python`` that PATH finds (here none; on a login node often one without the project's
+    packages: ``ModuleNotFoundError``). The same chain proves ``cluster.log_dir`` (created at
+    planning, used by every job and by status), the conversation smoke run (loss on assistant
+    turns, chatml, documents packed apart), and that a consolidation's staging directory left
+    by an earlier, killed run is removed by the next consolidation job (nothing left behind).
+    """
     run_dir = tmp_path / "run sh"
-    log_dir = tmp_path / "site logs"  # cluster.log_dir: created at planning, used by every job and by status
-    # the conversation smoke run: loss on assistant turns, chatml, documents packed apart
+    log_dir = tmp_path / "site logs"
     proc = ph.run_cli(run_dir, "dry_run=true", f"cluster.log_dir='{log_dir}'", experiment="smoke_chat")
     assert proc.returncode == 0, proc.stderr
     assert log_dir.is_dir()
-    out = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    debris = run_dir / ".hf_model.tmp-4242"  # what a requeued or killed consolidation leaves
+    (debris / "part").mkdir(parents=True)
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)], capture_output=True, text=True)
+    assert f"left behind: {debris}" in st.stdout, st.stdout
+    fresh_shell = ["env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={slurm_cluster.slurm_conf}",
+                   "bash", str(run_dir / "submit.sh")]
+    out = subprocess.run(fresh_shell, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
     ids = ph.jobs(run_dir)
     assert set(ids) == {"prepare", "train", "consolidate"}
-    ph.assert_batch_scripts_recorded(run_dir, ids)
-    _assert_chain_completed(run_dir, ids)
+    try:
+        ph.assert_batch_scripts_recorded(run_dir, ids)
+        _assert_chain_completed(run_dir, ids)
+    finally:
+        ph.cancel_unfinished(ids)
     assert (log_dir / f"train-{ids['train']}.out").exists() and not (run_dir / "logs").exists()
+    assert not debris.exists()
     status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir), "--json"],
                             capture_output=True, text=True, check=True)
     logs = [j["log"] for j in json.loads(status.stdout)["jobs"]]
     assert logs == [str(log_dir / f"{role}-{ids[role]}.out") for role in ("prepare", "train", "consolidate")]
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)], capture_output=True, text=True)
+    assert "left behind" not in st.stdout, st.stdout
+    # the same command again: complete, nothing submitted
+    again = subprocess.run(fresh_shell, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "this run is complete" in again.stdout, again.stdout + again.stderr
+    assert ph.jobs(run_dir) == ids
 
 
 def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
