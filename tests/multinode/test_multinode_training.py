@@ -120,6 +120,13 @@ def test_fsdp2_training_spans_both_nodes(two_node_run):
 
     text = train_logs(run_dir, ids["train"])
     master = expected_master(ids["train"])
+    # The preflight passed on both nodes before torchrun started, and left no facts behind
+    # (its failures: tests/multinode/test_preflight.py).
+    assert "preflight passed on 2 node(s)" in text and "GPUs skipped (cluster.device=cpu)" in text, text
+    assert text.index("preflight passed") < text.index("node_rank")
+    assert {"n1 (node 0)", "n2 (node 1)"} <= {x.split(": run directory ok")[0].split("preflight ")[-1]
+                                              for x in text.splitlines() if ": run directory ok" in x}
+    assert not list((run_dir / ".preflight").rglob("node-*.json"))
     nodes = {m["host"]: m.groupdict() for m in NODE_LINE.finditer(text)}
     assert set(nodes) == {"n1", "n2"}, text
     assert [(h, nodes[h]["node"], nodes[h]["nnodes"], nodes[h]["master"]) for h in ("n1", "n2")] == [

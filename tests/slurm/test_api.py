@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -67,6 +68,11 @@ def test_submit_returns_submitit_handles_that_wait_for_the_chain(slurm_cluster, 
     train = chain["train"]
     assert train.paths.stdout == run_dir / "logs" / f"train-{train.job_id}.out"
     assert train.stdout() == train.paths.stdout.read_text() and f"train job {train.job_id}" in train.stdout()
+    # The training job's preflight passed on the node, before torchrun started (the failures:
+    # tests/slurm/test_preflight_slurm.py and tests/multinode/test_preflight.py).
+    log, host = train.stdout(), socket.gethostname().split(".")[0]
+    assert f"preflight {host} (node 0): run directory ok" in log and "preflight passed on 1 node(s)" in log, log
+    assert log.index("preflight passed") < log.index("node_rank 0 of 1")
     assert chain["consolidate"].result() is None and chain["consolidate"].exception() is None
     ph.load_consolidated(run_dir / "hf_model")
     # provenance.json names the CLI command that plans this run (resume commands are built from it).

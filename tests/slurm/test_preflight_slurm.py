@@ -1,5 +1,8 @@
-"""The training job's preflight on the local single-node Slurm: it passes in seconds and training follows;
-a node that cannot see the run directory ends the job with 66 and cancels the consolidation.
+"""The training job's preflight on the local single-node Slurm: a node that cannot see the run directory
+ends the job with 66 and cancels the consolidation.
+
+That a good preflight passes and training follows is asserted on the completed chain of
+tests/slurm/test_api.py (every chain runs the preflight; no chain of its own for it).
 
     python -m pytest -n 0 tests/slurm/test_preflight_slurm.py
 
@@ -19,20 +22,6 @@ import slurm_utils as su
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
 SHORT = ["data=synthetic", "train.max_steps=2", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
-
-
-def test_a_good_preflight_passes_and_training_proceeds(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "good"
-    proc = ph.run_cli(run_dir, *SHORT, "consolidate.enabled=false")
-    assert proc.returncode == 0, proc.stderr
-    train_id = ph.jobs(run_dir)["train"]
-    train = su.wait_for_job(train_id, timeout_s=180)
-    log = su.read_log(run_dir / "logs" / f"train-{train_id}.out")
-    assert train["JobState"] == "COMPLETED", log
-    host = socket.gethostname().split(".")[0]
-    assert f"preflight {host} (node 0): run directory ok" in log and "preflight passed on 1 node(s)" in log
-    assert log.index("preflight passed") < log.index("node_rank 0 of 1")
-    assert [m["step"] for m in ph.metrics(run_dir)] == [1, 2]
 
 
 def test_a_failed_preflight_ends_the_job_with_66_and_cancels_consolidation(slurm_cluster, tmp_path, monkeypatch):
