@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["cluster=slurm", "cluster.partition=debug"]
 
 
-def run_cli(run_dir: Path, *overrides: str, experiment: str = "smoke", timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """``python -m fsdp_workflow +experiment=smoke cluster=slurm ...`` from the repo root."""
+def run_cli(run_dir: Path, *overrides: str, experiment: str = "smoke", timeout_s: float = 120,
+            cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m fsdp_workflow +experiment=smoke cluster=slurm ...``, from the repo root unless ``cwd``."""
     argv = [sys.executable, "-m", "fsdp_workflow", f"+experiment={experiment}", *SMOKE, f"run_dir={run_dir}",
             *overrides]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
 def jobs(run_dir: Path) -> Dict[str, int]:

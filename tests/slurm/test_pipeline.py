@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -39,23 +40,45 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     With train.ema_decay the consolidation job writes hf_model_ema/ too, and each
     evaluation reports the EMA's loss beside the model's.
 
+    The chain runs the code that was submitted, not the checkout as it is when the jobs
+    start: a copy of the package plans it (``PYTHONPATH=<copy>``, as a user's checkout
+    would), the training job is held, the copy is broken (its trainer's loop module
+    deleted, as a branch switch or an edit in progress would), the job is released, and
+    the whole chain, evaluation jobs included, completes from ``RUN_DIR/code``.
+
     (A signalled run that requeues, resumes and is then consolidated is proved on the
     two-node cluster, tests/multinode/test_requeue_node.py, and the single-node requeue
     route in tests/slurm/test_requeue_faults.py.)
     """
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ph.ROOT / "fsdp_workflow", checkout / "fsdp_workflow",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     run_dir = tmp_path / "run cli"
-    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15", "train.ema_decay=0.9")
+    proc = ph.run_cli(run_dir, "consolidate.every_checkpoint=true", "checkpoint.every_steps=15", "train.ema_decay=0.9",
+                      cwd=tmp_path, env=ph.env_with(PYTHONPATH=str(checkout)))
     assert proc.returncode == 0, proc.stderr + proc.stdout
     ids = ph.jobs(run_dir)
-    # It printed both ids, the logs and how to follow them, and did not wait.
-    assert f"data preparation job: {ids['prepare']}" in proc.stdout
-    assert f"training job:      {ids['train']}" in proc.stdout
-    assert f"consolidation job: {ids['consolidate']}" in proc.stdout
-    assert "python -m fsdp_workflow.status" in proc.stdout and "tail -f" in proc.stdout
-    rec = su.show_job(ids["consolidate"])
-    assert rec["JobState"] == "PENDING" and f"afterok:{ids['train']}" in rec["Dependency"]
-    ph.assert_batch_scripts_recorded(run_dir, ids)  # what a user reads is what ran
-    _assert_chain_completed(run_dir, ids)
+    try:
+        su._run(["scontrol", "hold", str(ids["train"])])
+        # It printed both ids, the logs and how to follow them, and did not wait.
+        assert f"data preparation job: {ids['prepare']}" in proc.stdout
+        assert f"training job:      {ids['train']}" in proc.stdout
+        assert f"consolidation job: {ids['consolidate']}" in proc.stdout
+        assert "python -m fsdp_workflow.status" in proc.stdout and "tail -f" in proc.stdout
+        rec = su.show_job(ids["consolidate"])
+        assert rec["JobState"] == "PENDING" and f"afterok:{ids['train']}" in rec["Dependency"]
+        ph.assert_batch_scripts_recorded(run_dir, ids)  # what a user reads is what ran
+        snap = json.loads((run_dir / "provenance.json").read_text())["code_snapshot"]
+        assert snap["source"] == str(checkout / "fsdp_workflow") and snap["path"] == str(run_dir / "code" / "fsdp_workflow")
+        assert (run_dir / "code" / "fsdp_workflow" / "train" / "loop.py").is_file()
+        assert not list((run_dir / "code").rglob("__pycache__"))
+        (checkout / "fsdp_workflow" / "train" / "loop.py").unlink()  # the checkout no longer trains
+        su._run(["scontrol", "release", str(ids["train"])])
+        _assert_chain_completed(run_dir, ids)
+    finally:
+        ph.cancel_unfinished(ids)
+    train_log = (run_dir / "logs" / f"train-{ids['train']}.out").read_text()
+    assert f"code: {run_dir / 'code' / 'fsdp_workflow'}" in train_log, train_log
     ph.load_consolidated(run_dir / "hf_model_ema")  # written by the same job, before hf_model/
     assert ph.metrics(run_dir)[-1]["step"] == 30
 
@@ -89,6 +112,9 @@ def test_cli_submits_chain_that_trains_consolidates_and_loads(slurm_cluster, tmp
     # finished: no time left is shown (an ETA is only for a running job), and the chain is done
     assert (st["progress"]["step"], st["progress"]["max_steps"], st["progress"]["eta_s"]) == (30, 30, None)
     assert st["chain"] == "done" and st["debris"] == []
+    text = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)], capture_output=True,
+                          text=True, timeout=60).stdout
+    assert f"code: snapshot {snap['sha256'][:12]} ({run_dir / 'code' / 'fsdp_workflow'})" in text, text
     card_dir = run_dir / "hf_model"  # the model card links the loss curve drawn beside it
     assert (card_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "](loss_curve.png)" in (card_dir / "README.md").read_text()
