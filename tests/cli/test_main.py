@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli  # tests/forked_cli.py
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,7 @@ _spec.loader.exec_module(invalid_corpus)
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, "-m", "fsdp_workflow", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=120)
+    return forked_cli.run(args, cwd=cwd or ROOT, env=env, timeout=120)  # `python -m fsdp_workflow ARGS`, forked
 
 
 def test_experiment_list_is_what_the_issue_promises() -> None:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
+import forked_cli  # tests/forked_cli.py
 import pytest
 import yaml
 
@@ -110,8 +111,7 @@ VALID: List[List[str]] = [
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, "-m", "fsdp_workflow", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120)
+    return forked_cli.run(args, cwd=cwd, env=env, timeout=120)  # `python -m fsdp_workflow ARGS`, forked
 
 
 def _with_smoke(overrides: List[str]) -> List[str]:
