@@ -19,7 +19,7 @@ from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.plan.render import env_filter_program, render_all
 from fsdp_workflow.plan.spec import build_plan, wrap_argv
 
-from golden_files import mask_config_hash  # tests/golden_files.py
+from golden_files import fix_interpreter, mask_config_hash  # tests/golden_files.py
 
 PASS_ENV_PROGRAM = env_filter_program(EnvFilter())
 
@@ -34,9 +34,7 @@ STEPS = ["train", "consolidate", "evaluate"]
 @pytest.fixture
 def fixed_interpreter(monkeypatch):
     """Without an image the scripts name the planning interpreter (sys.executable): fixed for the golden files."""
-    import sys
-
-    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
+    fix_interpreter(monkeypatch)
 
 
 def _cfg(runtime: str, *extra: str, strategy: str = "fsdp2", run_dir: str = "/runs/x"):

@@ -20,7 +20,7 @@ from fsdp_workflow.plan.render import render_all, shell_join
 from fsdp_workflow.plan import spec
 from fsdp_workflow.plan.spec import build_plan
 
-from golden_files import mask_config_hash  # tests/golden_files.py
+from golden_files import fix_interpreter, mask_config_hash  # tests/golden_files.py
 
 GOLDEN = Path(__file__).parent / "golden"
 EXPERIMENTS = ["smoke", "llama8b_fft", "llama8b_zero3", "qwen7b_fft", "mistral7b_fft", "llama70b_tp"]
@@ -34,10 +34,7 @@ def _cfg(experiment: str, run_dir: str, *extra: str):
 @pytest.fixture(autouse=True)
 def _fixed_interpreter(monkeypatch):
     """The scripts name the planning interpreter (sys.executable): fixed, so golden files agree on every machine."""
-    import sys
-
-    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
-    monkeypatch.setattr(spec, "beside_interpreter", lambda name: True)  # a venv with torch's console scripts
+    fix_interpreter(monkeypatch)
 
 
 VARIANTS = {"smoke_every_checkpoint": ("smoke", ["consolidate.every_checkpoint=true"]),
