@@ -86,8 +86,8 @@ def job_name(cfg: WorkflowConfig, role: str) -> str:
     return _sbatch_value("name", f"{cfg.name}-{role}" if num is None else f"{cfg.name}-{num}-{role}")
 
 
-def console_script(cfg: WorkflowConfig, name: str, module: str) -> List[str]:
-    """``name`` (a console script such as ``torchrun``) as the job will find it.
+def console_script(cfg: WorkflowConfig, command: List[str], module: str) -> List[str]:
+    """``command`` (a console script and its subcommand: ``torchrun``, ``accelerate launch``) as the job will find it.
 
     Outside an image the job runs the planning interpreter, and its scripts are found
     beside it (``PATH`` starts there). A venv made with ``--system-site-packages`` has
@@ -96,8 +96,8 @@ def console_script(cfg: WorkflowConfig, name: str, module: str) -> List[str]:
     planning interpreter instead (``python -m``, made absolute by :func:`wrap_argv`).
     In an image, the image's own script is used.
     """
-    if in_image(cfg) or beside_interpreter(name):
-        return [name]
+    if in_image(cfg) or beside_interpreter(command[0]):
+        return command
     return ["python", "-m", module]
 
 
@@ -121,7 +121,7 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
         # accelerate launch drops FSDP for one process with its plain launcher; it is
         # only offered for multi-process runs (validated), and reads launch.env itself.
         return [
-            *console_script(cfg, "accelerate", "accelerate.commands.launch"),
+            *console_script(cfg, ["accelerate", "launch"], "accelerate.commands.launch"),
             f"--num_machines={c.nodes}",
             f"--num_processes={world_size(cfg)}",
             Expand("--machine_rank=${SLURM_NODEID:-0}"),
@@ -131,7 +131,7 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
             "-m", "fsdp_workflow.train", str(run_dir),
         ]
     return [
-        *console_script(cfg, "torchrun", "torch.distributed.run"),
+        *console_script(cfg, ["torchrun"], "torch.distributed.run"),
         *rendezvous,
         f"--nproc_per_node={c.processes_per_node}",
         "--max_restarts=0",

@@ -78,11 +78,14 @@ def test_scripts_check_the_planned_config_hash() -> None:
 def test_a_venv_without_torchrun_runs_the_launcher_module_under_its_interpreter(monkeypatch) -> None:
     """``python -m venv --system-site-packages``: torch (and its torchrun) live outside the venv's bin/,
     which is all a job's PATH is sure to hold. The launcher then runs as a module of the planning interpreter."""
+    accelerate = _cfg("llama8b_fft", "/runs/x", "cluster.launcher=accelerate")
+    # With the venv's own scripts (this module's fixture), the console script and its subcommand.
+    node = render_all(build_plan(accelerate))["train_node.sh"]
+    assert "exec accelerate launch --num_machines=2 " in node, node
     monkeypatch.setattr(spec, "beside_interpreter", lambda name: False)
     node = render_all(build_plan(_cfg("smoke", "/runs/smoke")))["train_node.sh"]
     assert "exec /opt/venv/bin/python -m torch.distributed.run --nnodes=1 " in node, node
-    cfg = _cfg("llama8b_fft", "/runs/x", "cluster.launcher=accelerate")
-    node = render_all(build_plan(cfg))["train_node.sh"]
+    node = render_all(build_plan(accelerate))["train_node.sh"]
     assert "exec /opt/venv/bin/python -m accelerate.commands.launch --num_machines=2 " in node, node
     # In an image the image's own console script runs, whatever the host's venv holds.
     cfg = _cfg("llama8b_fft", "/runs/x", "container=charliecloud", "container.image=/images/fsdp_workflow")
