@@ -18,8 +18,6 @@ from fsdp_workflow.config.errors import BOUNDS_WHY, Rule, ValidationReport
 
 def bounded_fields(root: Any = WorkflowConfig, prefix: str = "") -> Iterator[Tuple[str, dict, Any]]:
     """Every bounded field as ``(dotted key, {"ge", "gt", "le", "lt"}, schema default)``, in schema order."""
-    import typing
-
     hints = field_hints(root)
     for f in dataclasses.fields(root):
         key = f"{prefix}{f.name}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import typing
 from enum import Enum
 from typing import Any, Iterator, List, Tuple
 
