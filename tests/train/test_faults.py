@@ -24,7 +24,7 @@ from fsdp_workflow.core.rundir import DCP_METADATA
 from fsdp_workflow.train.fault_hooks import FAULT_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
-    _process_env, alive, cli_argv, descendants, launch, log_text, losses, make_run_dir, start,
+    _process_env, alive, cli_argv, descendants, kill_tree, launch, log_text, losses, make_run_dir, start, start_cli,
 )
 
 pytestmark = pytest.mark.slow
@@ -41,53 +41,70 @@ def _exit_record(run: Path) -> dict:
     return json.loads((run / "train_exit.json").read_text())
 
 
-def _hang(run: Path, fault: str) -> tuple[float, list[int]]:
-    """Run with ``fault``; return the seconds from the rank stopping to torchrun's exit, and every pid it had."""
-    proc = start(run, extra_env={FAULT_ENV: fault})
+def _hang(run: Path, fault: str, cli_args: list[str] | None = None,
+          stderr_to: Path | None = None) -> tuple[float, list[int], subprocess.Popen]:
+    """Run with ``fault``; return the seconds from the rank stopping to the run's end, every pid it had, the process.
+
+    Without ``cli_args`` the trainer is started as the planner's launch command does; with
+    them, through ``python -m fsdp_workflow`` (the ranks' output then goes to the run's
+    ``logs/train-local.log``, and the CLI's stderr to ``stderr_to``).
+    """
+    if cli_args is None:
+        proc = start(run, extra_env={FAULT_ENV: fault})
+    else:
+        proc = start_cli(run, cli_args, extra_env={FAULT_ENV: fault}, stderr_to=stderr_to)
+    local_log = run / "logs" / "train-local.log"
     pids: set[int] = set()
     stopped_at = None
     try:
         deadline = time.monotonic() + 120 + TIMEOUT_S + MARGIN_S
         while proc.poll() is None and time.monotonic() < deadline:
             pids.update(descendants(proc.pid))
-            if stopped_at is None and "TEST FAULT" in log_text(run):
+            if stopped_at is None and "TEST FAULT" in log_text(run) + _read(local_log):
                 stopped_at = time.monotonic()
             time.sleep(0.2)
         assert proc.poll() is not None, f"the run did not end after the rank stopped:\n{log_text(run)}"
     finally:
         if proc.poll() is None:
-            for pid in descendants(proc.pid):
-                subprocess.run(["kill", "-9", str(pid)], check=False)
-            proc.kill()
-            proc.wait()
-    assert stopped_at is not None, log_text(run)
-    return time.monotonic() - stopped_at, sorted(pids)
+            kill_tree(proc)
+    assert stopped_at is not None, log_text(run) + _read(local_log)
+    return time.monotonic() - stopped_at, sorted(pids), proc
 
 
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_path: Path, async_save: bool) -> None:
-    """The last save (step 4 of 4) hangs on rank 1 after its shards are written.
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
-    Synchronous: rank 0 waits in DCP's gather on the default group. Asynchronous: rank 0
-    finishes the loop and waits for the background save, whose gather runs on the
-    separate gloo group: that group must carry cluster.rdzv_timeout_s too (torch's
-    default for a new group is 30 minutes). The same report and clean-up as for a rank
-    that stops mid-run (proven across two nodes in tests/multinode): the rank that timed
-    out names the stopped one from its heartbeat, and kills it when it is on its own host.
-    """
-    run = make_run_dir(tmp_path / "run", [*HANG, f"checkpoint.async_save={str(async_save).lower()}"])
-    took, pids = _hang(run, "stop_in_save@4:1")
-    assert took < TIMEOUT_S + MARGIN_S, (took, log_text(run))
+
+def _assert_stopped_in_save_is_reported(run: Path, took: float, pids: list[int]) -> None:
+    """The last save (step 4 of 4) hung on rank 1: named, timed out, cleaned up, no complete-looking step-4."""
+    log = log_text(run) + _read(run / "logs" / "train-local.log")
+    assert took < TIMEOUT_S + MARGIN_S, (took, log)
     assert not [p for p in pids if alive(p)], "a process outlived the failed run"
     rec = _exit_record(run)
     assert rec["exit_code"] == EXIT_PEER_TIMEOUT and "rank 1 on " in rec["reason"], rec
     assert "in 'saving step 4'" in rec["reason"], rec
     assert f"waited {TIMEOUT_S} s (cluster.rdzv_timeout_s)" in rec["reason"] and "stopped answering" in rec["reason"]
-    assert "rank 1 on" in log_text(run) and "stopped answering" in log_text(run)
+    assert "rank 1 on" in log and "stopped answering" in log
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step-2", "step-4.tmp"], names  # never a step-4 without its .tmp
     assert not (run / "checkpoints" / "step-4.tmp" / DCP_METADATA).exists()
     assert checkpoint_problem(run / "checkpoints" / "step-2") is None
+
+
+def test_a_rank_that_stops_inside_an_async_save_leaves_no_complete_looking_step(tmp_path: Path) -> None:
+    """The last save (step 4 of 4) hangs on rank 1 after its shards are written.
+
+    Asynchronous: rank 0 finishes the loop and waits for the background save, whose
+    gather runs on the separate gloo group: that group must carry cluster.rdzv_timeout_s
+    too (torch's default for a new group is 30 minutes). The same report and clean-up as
+    for a rank that stops mid-run (proven across two nodes in tests/multinode): the rank
+    that timed out names the stopped one from its heartbeat, and kills it when it is on
+    its own host. The synchronous save (rank 0 waits in DCP's gather on the default
+    group) is the local CLI test below.
+    """
+    run = make_run_dir(tmp_path / "run", [*HANG, "checkpoint.async_save=true"])
+    took, pids, _ = _hang(run, "stop_in_save@4:1")
+    _assert_stopped_in_save_is_reported(run, took, pids)
 
 
 # About 0.4 MB of data and assets plus one 1.8 MB checkpoint of the smoke model with its
@@ -95,14 +112,7 @@ def test_a_rank_that_stops_inside_a_save_leaves_no_complete_looking_step(tmp_pat
 FIRST_SAVE_FITS = "3200k"
 
 
-@pytest.mark.fs_size(FIRST_SAVE_FITS)
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(small_fs: Path, async_save: bool) -> None:
-    run = make_run_dir(small_fs / "run", ["train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
-                                          f"checkpoint.async_save={str(async_save).lower()}"])
-    proc = launch(run)
-    log = log_text(run)
-    assert proc.returncode != 0, log
+def _assert_full_disk_is_reported(run: Path) -> None:
     rec = _exit_record(run)
     assert rec["exit_code"] == EXIT_DISK_FULL, rec
     assert "No space left on device" in rec["reason"] and "[Errno 28]" in rec["reason"], rec
@@ -112,6 +122,16 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(sma
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
     assert checkpoint_problem(run / "checkpoints" / "step-2") is None
     assert rec["checkpoint"] == str(run / "checkpoints" / "step-2")
+
+
+@pytest.mark.fs_size(FIRST_SAVE_FITS)
+def test_a_full_disk_during_an_async_save_keeps_the_previous_checkpoint_and_says_so(small_fs: Path) -> None:
+    """The background save runs out of space; the synchronous save is the local CLI test below."""
+    run = make_run_dir(small_fs / "run", ["train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
+                                          "checkpoint.async_save=true"])
+    proc = launch(run)
+    assert proc.returncode != 0, log_text(run)
+    _assert_full_disk_is_reported(run)
 
 
 def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_newest_whole_one(
@@ -143,27 +163,34 @@ def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_n
 # ---------------------------------------------------------------- the local route keeps the rank's code (issue 24, item 8)
 def test_a_hang_in_a_local_run_exits_76_from_the_cli_with_one_line_and_no_torchrun_traceback(tmp_path: Path) -> None:
     """``python -m fsdp_workflow``: torchrun reports any failed rank as 1 with a ChildFailedError traceback;
-    the command exits with the rank's own code and names the rank, the reason and the log instead."""
-    run = tmp_path / "run"
-    args = ["cluster=local", "cluster.device=cpu", "train.seq_len=64", "consolidate.enabled=true", *HANG]
-    res = subprocess.run(cli_argv(run, args), env=_process_env({FAULT_ENV: "stop@3:1"}), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=240)
-    err = res.stderr
-    assert res.returncode == EXIT_PEER_TIMEOUT, err[-4000:]
+    the command exits with the rank's own code and names the rank, the reason and the log instead.
+
+    The hang is rank 1 stopping inside the last, synchronous save: rank 0 waits in DCP's
+    gather on the default group, times out, names rank 1 and kills it.
+    """
+    run, err_file = tmp_path / "run", tmp_path / "stderr.txt"
+    args = ["cluster=local", "cluster.device=cpu", "train.seq_len=64", "consolidate.enabled=true",
+            "checkpoint.async_save=false", *HANG]
+    took, pids, proc = _hang(run, "stop_in_save@4:1", cli_args=args, stderr_to=err_file)
+    err = err_file.read_text()
+    assert proc.returncode == EXIT_PEER_TIMEOUT, err[-4000:]
     assert "ChildFailedError" not in err and "Traceback" not in err, err[-4000:]
     (line,) = [l for l in err.splitlines() if "training failed:" in l]
     assert f"exited with code {EXIT_PEER_TIMEOUT}" in line and "rank 1 on " in line, line
     assert f"Full log: {run / 'logs' / 'train-local.log'}" in line, line
     assert "ChildFailedError" in (run / "logs" / "train-local.log").read_text()  # kept, out of the way
     assert not (run / "hf_model").exists()
+    _assert_stopped_in_save_is_reported(run, took, pids)
 
 
 @pytest.mark.fs_size(FIRST_SAVE_FITS)
 def test_a_full_disk_in_a_local_run_exits_74_from_the_cli_with_one_line(small_fs: Path) -> None:
-    """The full disk above, through ``python -m fsdp_workflow`` (no code snapshot: the same bytes fit)."""
+    """The full disk during a synchronous save, through ``python -m fsdp_workflow`` (no code snapshot:
+    the same bytes fit): the exit record of the async test above, and one line from the CLI."""
     run = small_fs / "run"
     args = ["cluster=local", "cluster.device=cpu", "cluster.code_snapshot=false", "train.seq_len=64",
-            "train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1", "consolidate.enabled=true"]
+            "train.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=1", "checkpoint.async_save=false",
+            "consolidate.enabled=true"]
     res = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=small_fs.parent, capture_output=True,
                          text=True, timeout=240)
     err = res.stderr
@@ -171,5 +198,5 @@ def test_a_full_disk_in_a_local_run_exits_74_from_the_cli_with_one_line(small_fs
     assert "ChildFailedError" not in err and "Traceback" not in err, err[-4000:]
     (line,) = [l for l in err.splitlines() if "training failed:" in l]
     assert f"exited with code {EXIT_DISK_FULL}" in line and "No space left on device" in line, line
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
     assert not (run / "hf_model").exists()
+    _assert_full_disk_is_reported(run)

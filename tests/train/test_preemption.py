@@ -56,8 +56,13 @@ def _signal_cli_and_wait(run: Path, sig: signal.Signals) -> tuple[int, list[int]
     return proc.returncode, ranks
 
 
-def _assert_stopped_with_checkpoint(run: Path, rc: int, ranks: list[int], sig: signal.Signals) -> int:
-    log = log_text(run)
+def _assert_stopped_with_checkpoint(run: Path, rc: int, ranks: list[int], sig: signal.Signals,
+                                    log: str | None = None, earlier: tuple[str, ...] = ()) -> int:
+    """Exit 75, no rank left, the record, the requeue marker and a complete step-N checkpoint.
+
+    ``earlier``: the checkpoints of the run's earlier legs, kept beside the new one.
+    """
+    log = log_text(run) if log is None else log
     assert rc == EXIT_REQUEUE, log
     assert not [p for p in ranks if alive(p)], "ranks outlived the CLI"
     info = json.loads((run / "train_exit.json").read_text())
@@ -65,18 +70,12 @@ def _assert_stopped_with_checkpoint(run: Path, rc: int, ranks: list[int], sig: s
     step = info["step"]
     assert 1 <= step < 100000 and max(losses(run)) == step
     assert (run / REQUEUE_MARKER).read_text() == f"step {step}\n"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{step}"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([*earlier, f"step-{step}"])
     md = FileSystemReader(str(run / "checkpoints" / f"step-{step}")).read_metadata()  # complete: has .metadata
     assert "model.model.layers.0.mlp.up_proj.weight" in md.state_dict_metadata  # no checkpoint-wrapper names
     assert not any("_checkpoint_wrapped_module" in k for k in md.state_dict_metadata)
     assert f"rerun the same command with checkpoint.resume=auto run_dir={run} to continue" in log
     return step
-
-
-def test_sigusr2_to_the_cli_checkpoints_and_exits_75(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    rc, ranks = _signal_cli_and_wait(run, signal.SIGUSR2)
-    _assert_stopped_with_checkpoint(run, rc, ranks, signal.SIGUSR2)
 
 
 def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> None:
@@ -157,6 +156,8 @@ def _ctrl_c(proc) -> None:
 
 
 def test_ctrl_c_checkpoints_at_the_step_exits_75_and_the_printed_command_resumes(tmp_path: Path) -> None:
+    """Ctrl-C at step 2: exit 75, no traceback, a checkpoint and a printed command; that command,
+    pasted into bash, resumes, and SIGUSR2 to its CLI alone checkpoints and exits 75 again."""
     run, err = tmp_path / "run", tmp_path / "stderr.txt"
     proc = start_cli(run, LONG_RUN, stderr_to=err)
     try:
@@ -180,20 +181,35 @@ def test_ctrl_c_checkpoints_at_the_step_exits_75_and_the_printed_command_resumes
     with open(run / "resumed.log", "ab") as out:
         again = subprocess.Popen(["bash", "-c", cmd], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    # The resumed leg is stopped as a batch system or `kill -USR2` stops a job: SIGUSR2 to the CLI alone.
     try:
         deadline = time.monotonic() + 120
         while max(metrics_steps(run)) <= step + 1 and again.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        _ctrl_c(again)
+        cli = _cli_pid(again)
+        (launcher,) = child_pids(cli)
+        ranks = rank_pids(launcher)
+        assert len(ranks) == 2, ranks
+        os.kill(cli, signal.SIGUSR2)
         again.wait(timeout=STOP_WAIT_S)
     finally:
         if again.poll() is None:
             kill_tree(again)
     resumed = (run / "resumed.log").read_text()
-    assert again.returncode == EXIT_REQUEUE, resumed[-4000:]
     assert f"resumed from {run / 'checkpoints' / f'step-{step}'} at step {step}" in resumed, resumed[-4000:]
+    second = _assert_stopped_with_checkpoint(run, again.returncode, ranks, signal.SIGUSR2, log=resumed,
+                                             earlier=(f"step-{step}",))
     steps = metrics_steps(run)
-    assert steps == list(range(1, max(steps) + 1)) and max(steps) > step + 1, steps  # each step once
+    assert steps == list(range(1, second + 1)) and second > step + 1, steps  # each step once
+
+
+def _cli_pid(proc: subprocess.Popen) -> int:
+    """The ``python -m fsdp_workflow`` process of ``bash -c CMD`` (bash execs a lone command; else its child)."""
+    if "fsdp_workflow" in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace"):
+        return proc.pid
+    (child,) = [c for c in child_pids(proc.pid)
+                if "fsdp_workflow" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")]
+    return child
 
 
 def test_a_second_ctrl_c_stops_at_once_and_leaves_only_committed_checkpoints(tmp_path: Path) -> None:
