@@ -130,6 +130,8 @@ def test_two_local_runs_on_one_run_dir_the_second_is_refused_the_first_finishes(
     first = start_cli(run, args)
     try:
         wait_for_step(run, 1, first)
+        # The lock names the command that planned the run: it holds it through the run, not only while planning.
+        assert json.loads((run / ".lock").read_text())["pid"] == first.pid
         # Freeze the first launcher (it keeps its lock) so that, however loaded the machine, the
         # second command starts while the first run is unfinished; it finishes once thawed.
         os.killpg(first.pid, signal.SIGSTOP)
@@ -146,9 +148,14 @@ def test_two_local_runs_on_one_run_dir_the_second_is_refused_the_first_finishes(
             kill_tree(first)
     assert second.returncode == 2, second.stderr[-3000:]
     assert f"pid {first.pid}" in second.stderr and f"host {socket.gethostname()}" in second.stderr, second.stderr
+    assert "run directory in use" in second.stderr, second.stderr
     assert took < 60, took
     assert first.returncode == 0, log_text(run)[-3000:]
     assert metrics_steps(run) == list(range(1, 13))
+    # Released when the run ended: the same command plans again (a dry run, to submit nothing).
+    again = subprocess.run(cli_argv(run, [*args, "dry_run=true"]), env=_process_env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
 
 
 @pytest.mark.slow
