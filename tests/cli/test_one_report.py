@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import forked_cli  # tests/forked_cli.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, full_error: str = "0") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fsdp_workflow", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ, HYDRA_FULL_ERROR=full_error), timeout=120)
+    return forked_cli.run(args, cwd=ROOT, env=dict(os.environ, HYDRA_FULL_ERROR=full_error),
+                          timeout=120)  # `python -m fsdp_workflow ARGS`, forked
 
 
 @pytest.fixture

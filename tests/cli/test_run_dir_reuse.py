@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
 import pytest
+
+import forked_cli  # tests/forked_cli.py
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ("+experiment=smoke", "dry_run=true")
@@ -22,8 +23,7 @@ SMOKE = ("+experiment=smoke", "dry_run=true")
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, "-m", "fsdp_workflow", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120)
+    return forked_cli.run(args, cwd=ROOT, env=env, timeout=120)  # `python -m fsdp_workflow ARGS`, forked
 
 
 def snapshot(root: Path) -> Dict[str, Tuple[bytes, int]]:

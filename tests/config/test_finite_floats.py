@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import forked_cli  # tests/forked_cli.py
 
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.rules_finite import NONFINITE_WHY, floats
@@ -43,9 +43,8 @@ def test_a_non_finite_list_item_is_refused() -> None:
 
 def test_lr_inf_exits_2_naming_the_key_and_writes_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "dry_run=true",
-                          f"run_dir={run_dir}", "optimizer.lr=inf"], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, HYDRA_FULL_ERROR="0"), timeout=120)
+    res = forked_cli.run(["+experiment=smoke", "dry_run=true", f"run_dir={run_dir}", "optimizer.lr=inf"], cwd=ROOT,
+                         env=dict(os.environ, HYDRA_FULL_ERROR="0"), timeout=120)  # `python -m fsdp_workflow`, forked
     assert res.returncode == 2, res.stderr
     assert "optimizer.lr = inf" in res.stderr and NONFINITE_WHY in res.stderr
     assert not run_dir.exists()

@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import forked_cli  # tests/forked_cli.py
 
 from fsdp_workflow.config import rules_float8
 from fsdp_workflow.plan.checks import check as validate
@@ -26,8 +27,7 @@ def cli(*args: str, cwd: Path, path_first: Path | None = None) -> subprocess.Com
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     if path_first is not None:
         env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
-    return subprocess.run([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=120)
+    return forked_cli.run(["+experiment=smoke", *args], cwd=cwd, env=env, timeout=120)  # forked `python -m`
 
 
 def fake_nvidia_smi(where: Path, name: str, capability: str) -> Path:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import forked_cli  # tests/forked_cli.py
 
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.rules_run import ATTN_IMPLEMENTATIONS
@@ -32,9 +32,8 @@ def test_the_wrong_value_is_an_error_naming_the_key(overrides, key) -> None:
 @pytest.mark.parametrize("overrides,key", WRONG, ids=[k for _, k in WRONG])
 def test_the_cli_exits_2_before_writing(overrides, key, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", *overrides, "dry_run=true",
-                          f"run_dir={run}"], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, HYDRA_FULL_ERROR="0"), timeout=120)
+    res = forked_cli.run(["+experiment=smoke", *overrides, "dry_run=true", f"run_dir={run}"], cwd=ROOT,
+                         env=dict(os.environ, HYDRA_FULL_ERROR="0"), timeout=120)  # `python -m fsdp_workflow`, forked
     assert res.returncode == 2, res.stderr
     assert key in res.stderr and "fix:" in res.stderr and not run.exists()
 
