@@ -6,12 +6,16 @@
 within a few steps. The trainer stops at that step with exit 65 (train_exit.json),
 saves nothing from it, writes no ``.requeue``; train.sbatch therefore neither
 requeues nor exits 0, and the ``afterok`` consolidation job is cancelled by Slurm
-(``DependencyNeverSatisfied``), so no model is ever written.
+(``DependencyNeverSatisfied``), so no model is ever written. This is also the suite's
+proof that a failed training job's consolidation never starts (the trainer's refusal
+of a run without prepared data, another way to fail, is tests/train/test_data.py's).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -47,3 +51,9 @@ def test_a_diverging_slurm_run_fails_and_its_consolidation_never_runs(slurm_clus
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert f"step-{step}" not in names and all(int(n.split("-")[1]) < step for n in names), names
     assert not (run_dir / "hf_model").exists()
+    # Never started: no start time or run time, no log of its own; status names the failure and the cancel.
+    assert cons.get("StartTime") in (None, "Unknown", "None") or cons.get("RunTime") == "00:00:00", cons
+    assert not (run_dir / "logs" / f"consolidate-{ids['consolidate']}.out").exists()
+    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
+                        capture_output=True, text=True, check=True).stdout
+    assert "failed" in st and "DependencyNeverSatisfied" in st, st

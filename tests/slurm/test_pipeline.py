@@ -165,28 +165,6 @@ def test_submit_sh_from_a_fresh_login_shell_runs_the_identical_chain(slurm_clust
     assert ph.jobs(run_dir) == ids
 
 
-def test_failed_training_cancels_consolidation_never_run(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run fail"
-    # The training job starts 4 s late (begin=now+4); the prepared data is taken away before it does.
-    proc = ph.run_cli(run_dir, "+cluster.additional_parameters.begin=now+4")
-    assert proc.returncode == 0, proc.stderr
-    ids = ph.jobs(run_dir)
-    assert su.wait_for_job(ids["prepare"], timeout_s=60)["JobState"] == "COMPLETED", ph.logs(run_dir)
-    (run_dir / "data.json").unlink()
-    train = su.wait_for_job(ids["train"], timeout_s=120)
-    assert train["JobState"] == "FAILED", (train, ph.logs(run_dir))
-    assert "fsdp_workflow.data.prepare" in ph.logs(run_dir, tail_chars=0)  # the error says what to run
-    cons = su.wait_for_job(ids["consolidate"], timeout_s=60)
-    assert cons["JobState"] == "CANCELLED", cons
-    assert cons["Reason"] == "DependencyNeverSatisfied", cons
-    assert cons.get("StartTime") in (None, "Unknown", "None") or cons.get("RunTime") == "00:00:00"
-    assert not (run_dir / "hf_model").exists()
-    assert not (run_dir / "logs" / f"consolidate-{ids['consolidate']}.out").exists()
-    st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run_dir)],
-                        capture_output=True, text=True, check=True).stdout
-    assert "failed" in st and "DependencyNeverSatisfied" in st
-
-
 def test_bad_data_fails_the_prepare_job_and_nothing_trains(slurm_cluster, tmp_path):
     data = tmp_path / "chat.jsonl"
     lines = (ph.ROOT / "fsdp_workflow" / "assets" / "smoke" / "chat.jsonl").read_text().splitlines()
