@@ -26,7 +26,9 @@ Keys (values quoted as in a shell; every key optional):
 - ``run="..."``: for a block that shows output, the command (named in the prose) that
   prints it: it runs instead of the block's text.
 - ``setup="..."``: a command run first in the working directory, not checked but required
-  to succeed (a run directory for a block that reads one).
+  to succeed (a run directory for a block that reads one). Slow blocks outside a session
+  that name the same setup (a training run) share one directory where it ran once: they
+  must only read that run or write names of their own into it.
 - ``slow``: a long block (a training run): the test is marked ``slow``.
 - ``skip="why"``: documented as runnable but not on this machine (a GPU): skipped, with why.
 
@@ -167,11 +169,16 @@ def environment(work: Path) -> Dict[str, str]:
     return env
 
 
+def run_setup(block: Block, work: Path) -> subprocess.CompletedProcess:
+    """The block's ``setup`` command, with bash in ``work``."""
+    return subprocess.run(["bash", "-e", "-c", block.setup], cwd=work, env=environment(work), capture_output=True,
+                          text=True, timeout=block.timeout_s)
+
+
 def run_block(block: Block, work: Path) -> subprocess.CompletedProcess:
     """Run the block with bash in ``work``; past its timeout the whole process group is killed (exit 124)."""
     if block.setup:
-        done = subprocess.run(["bash", "-e", "-c", block.setup], cwd=work, env=environment(work), capture_output=True,
-                              text=True, timeout=block.timeout_s)
+        done = run_setup(block, work)
         if done.returncode != 0:
             return subprocess.CompletedProcess(["setup"], -1, done.stdout, done.stderr + f"\n[setup failed: {block.setup}]")
     argv = ["bash", "-e", "-o", "pipefail", "-c", block.script()]

@@ -6,16 +6,19 @@ A doc whose example rots then fails here instead of misleading a user.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Dict, Tuple
 
 import pytest
 
-from .runnable import Block, find_blocks, parse_marker, run_block, verdict
+from .runnable import Block, find_blocks, parse_marker, run_block, run_setup, verdict
 
 BLOCKS = find_blocks()
 # (doc, session) -> (working directory, indices of BLOCKS already run there)
 _SESSIONS: Dict[Tuple[Path, str], Tuple[Path, set]] = {}
+# setup command -> the directory it ran in, for slow blocks outside a session (a training run each)
+_SETUPS: Dict[str, Path] = {}
 
 
 def _param(i: int, b: Block):
@@ -45,10 +48,29 @@ def _workdir(i: int, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
+def _shared_setup(block: Block, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory where ``block.setup`` ran, once for all the slow blocks (of any doc) that name it.
+
+    Such a setup trains a run; the blocks that share it read that run or write names of
+    their own into it (docs/consolidation.md's ``RUN_DIR/hf-model``, docs/evaluation.md's
+    ``evals.jsonl``), so their order does not matter.
+    """
+    if block.setup not in _SETUPS:
+        work = tmp_path_factory.mktemp("doc-setup")
+        done = run_setup(block, work)
+        assert done.returncode == 0, f"{block.where}: setup failed: {block.setup}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        _SETUPS[block.setup] = work
+    return _SETUPS[block.setup]
+
+
 @pytest.mark.parametrize("i", [_param(i, b) for i, b in enumerate(BLOCKS)])
 def test_marked_block_runs_as_documented(i: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     block = BLOCKS[i]
-    work = _workdir(i, tmp_path_factory)
+    if block.slow and block.setup and not block.session:
+        work = _shared_setup(block, tmp_path_factory)
+        block = dataclasses.replace(block, setup="")
+    else:
+        work = _workdir(i, tmp_path_factory)
     problem = verdict(block, run_block(block, work))
     assert problem is None, problem
 
