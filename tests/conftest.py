@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Session fixtures that train something: every test that uses one runs on the same
 # pytest-xdist worker, so the run happens once per suite, not once per worker.
-SHARED_RUNS = ("trained", "straight_run")
+SHARED_RUNS = ("trained", "straight_run", "ema_run")
 
 
 @pytest.hookimpl(wrapper=True)  # runs before every other implementation, xdist's (which reads the groups) included
@@ -42,6 +42,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow_groups = {groups[i.nodeid] for i in items if i.get_closest_marker("slow") is not None}
     items.sort(key=lambda i: groups[i.nodeid] not in slow_groups)
     return (yield)
+
+# The run with an EMA of the weights and a held-out split (session fixture ``ema_run``):
+# 6 steps, a checkpoint every step (async saves), all kept. tests/train/test_ema.py checks
+# the EMA rule, its layout, resume and consolidation on it; tests/evaluate its evaluation.
+EMA_DECAY, EMA_EVERY, EMA_START, EMA_STEPS = 0.7, 2, 1, 6
+EMA_RUN = [f"train.max_steps={EMA_STEPS}", "checkpoint.every_steps=1", "checkpoint.keep_last=0",
+           "checkpoint.async_save=true", "optimizer.lr=3e-3", f"train.ema_decay={EMA_DECAY}",
+           f"train.ema_every_steps={EMA_EVERY}", f"train.ema_start_step={EMA_START}", "data.eval_fraction=0.05"]
+
+
+@pytest.fixture(scope="session")
+def ema_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.train.runner import launch, log_text, make_run_dir
+
+    run_dir = make_run_dir(tmp_path_factory.mktemp("ema") / "run", EMA_RUN)
+    proc = launch(run_dir)
+    assert proc.returncode == 0, log_text(run_dir)
+    return run_dir
+
 
 # Tests never reach a model hub: everything is built from small configs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

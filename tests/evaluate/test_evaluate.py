@@ -1,8 +1,8 @@
 """``python -m fsdp_workflow.evaluate RUN_DIR STEP`` on checkpoints of a real 2-rank run.
 
-One gloo FSDP2 run of the tiny Llama (module fixture ``run``: 4 steps, a checkpoint every 2,
-an EMA of the weights, 5% of the smoke corpus held out) gives real DCP checkpoints and a real
-token cache. Each figure evaluate reports is recomputed here on another path: the weights
+One gloo FSDP2 run of the tiny Llama (the session fixture ``ema_run`` of tests/conftest.py,
+shared with tests/train/test_ema.py: 6 steps, a checkpoint every step, an EMA of the weights,
+5% of the smoke corpus held out) gives real DCP checkpoints and a real token cache. Each figure evaluate reports is recomputed here on another path: the weights
 loaded from the checkpoint with DCP itself (no consolidator), the held-out split read from the
 cache (no trainer code), the loss summed with ``F.cross_entropy``.
 """
@@ -27,22 +27,18 @@ from fsdp_workflow.evaluate.__main__ import main
 from fsdp_workflow.evaluate.checkpoint import evaluate_checkpoint
 from fsdp_workflow.evaluate.perplexity import MAX_EVAL_SAMPLES
 from fsdp_workflow.evaluate.run import RunNotReadable, open_run
-from tests.train.runner import launch, launch_env, log_text, make_run_dir
+from tests.conftest import EMA_RUN
+from tests.train.runner import launch_env, make_run_dir
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY = 4, 2
-RUN = [f"train.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=0",
-       "train.ema_decay=0.5", "data.eval_fraction=0.05"]
+STEPS, EVERY = 4, 2  # two of the shared run's checkpoints
 RECORD_KEYS = {"step", "status", "job_id", "loss", "perplexity", "num_tokens", "ema_loss", "ema_perplexity", "seconds"}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = make_run_dir(tmp_path_factory.mktemp("evaluate") / "run", RUN)
-    proc = launch(run_dir)
-    assert proc.returncode == 0, log_text(run_dir)
-    return run_dir
+@pytest.fixture
+def run(ema_run: Path) -> Path:
+    return ema_run
 
 
 def _weights(run_dir: Path, step: int, root: str) -> dict[str, torch.Tensor]:
@@ -139,7 +135,7 @@ def test_a_damaged_checkpoint_fails_with_exit_1_and_says_why(run: Path) -> None:
 
 
 def test_a_run_without_held_out_data_is_skipped(run: Path, tmp_path: Path) -> None:
-    other = make_run_dir(tmp_path / "no held out", [*RUN, "data.eval_fraction=0"])
+    other = make_run_dir(tmp_path / "no held out", [*EMA_RUN, "data.eval_fraction=0"])
     a, b = RunDir.of(run), RunDir.of(other)
     shutil.copytree(a.hf_assets, b.hf_assets)
     shutil.copytree(a.step_dir(STEPS), b.step_dir(STEPS))

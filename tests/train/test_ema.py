@@ -1,8 +1,8 @@
 """EMA of the weights (train.ema_decay): the rule, the sharded layout, exact resume, consolidation, validation.
 
-One 2-rank gloo FSDP2 run (module fixture ``ema_run``: 6 steps, a checkpoint every
-step, async saves) serves the reference, layout and consolidation tests; the resume
-test adds one run of 3 steps. The rest runs in this process in milliseconds.
+One 2-rank gloo FSDP2 run (session fixture ``ema_run`` of tests/conftest.py: 6 steps, a
+checkpoint every step, async saves; tests/evaluate evaluates the same run) serves the
+reference, layout and consolidation tests; the resume test adds one run of 3 steps. The rest runs in this process in milliseconds.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from fsdp_workflow.config.load import compose, load_run_config
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.train.ema import EmaState
+from tests.conftest import EMA_DECAY, EMA_EVERY, EMA_START, EMA_STEPS
 from tests.train.conftest import copy_run
-from tests.train.runner import launch, log_text, make_run_dir
+from tests.train.runner import launch, log_text
 
-DECAY, EVERY, START, STEPS = 0.7, 2, 1, 6
-EMA_RUN = [f"train.max_steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "checkpoint.async_save=true",
-           "optimizer.lr=3e-3", f"train.ema_decay={DECAY}", f"train.ema_every_steps={EVERY}",
-           f"train.ema_start_step={START}"]
+DECAY, EVERY, START, STEPS = EMA_DECAY, EMA_EVERY, EMA_START, EMA_STEPS
 
 
 def reference_ema(weights: list[dict[str, torch.Tensor]], decay: float, every: int, start: int) -> dict[str, torch.Tensor]:
@@ -49,14 +47,6 @@ def load_root(run: Path, step: int, root: str) -> dict[str, torch.Tensor]:
           if k.startswith(root + ".") and hasattr(v, "size")}
     dcp.load(sd, storage_reader=FileSystemReader(path), no_dist=True)
     return {k[len(root) + 1:]: v for k, v in sd.items()}
-
-
-@pytest.fixture(scope="module")
-def ema_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = make_run_dir(tmp_path_factory.mktemp("ema") / "run", EMA_RUN)
-    proc = launch(run_dir)
-    assert proc.returncode == 0, log_text(run_dir)
-    return run_dir
 
 
 @pytest.mark.slow
