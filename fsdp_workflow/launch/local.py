@@ -45,6 +45,7 @@ from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
 from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan
+from fsdp_workflow.plan.render import ENV_FILTER_ARGV0
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,14 @@ def _interrupted(returncode: int) -> bool:
     return returncode in (-signal.SIGINT, EXIT_INTERRUPTED)
 
 
+def shown(argv: List[str]) -> str:
+    """A step's command as the log shows it: quoted, and in an image the runtime's command line
+    (``apptainer exec ... python -m ...``), without the environment filter that runs it."""
+    if ENV_FILTER_ARGV0 in argv:
+        argv = argv[argv.index(ENV_FILTER_ARGV0) + 1:]
+    return shell(argv)
+
+
 def _this_python(argv: List[str]) -> List[str]:
     """A ``python -m ...`` step run by this interpreter: the same environment as the trainer's."""
     return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
@@ -285,7 +294,7 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     # The EMA first (train.ema_decay): the model's consolidation may remove the shards.
     for cons in filter(None, (plan.consolidate_ema_argv, plan.consolidate_argv)):
         argv = _this_python(cons)
-        log.info("[fsdp_workflow] consolidating: %s", " ".join(argv[1:]))
+        log.info("[fsdp_workflow] consolidating: %s", shown(argv))
         rc = _run(argv, env)
         if _interrupted(rc):
             print(f"[fsdp_workflow] interrupted (Ctrl-C) while consolidating (exit {EXIT_INTERRUPTED}); the "

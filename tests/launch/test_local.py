@@ -20,7 +20,7 @@ import pytest
 
 from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
-from fsdp_workflow.launch.local import run_local
+from fsdp_workflow.launch.local import run_local, shown
 from fsdp_workflow.plan.run_dir import write_run_dir
 
 # Stands in for torchrun: parses its argv with torchrun's own parser and LaunchConfig,
@@ -61,6 +61,22 @@ def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, del
     assert got["shutdown_timeout_s"] == delay_s == cfg.cluster.signal_delay_s
     # until torchrun installs its handler, an early SIGUSR2 must not kill the launcher
     assert got["usr2_ignored"]
+
+
+def test_the_log_shows_a_step_as_pasted_and_in_an_image_the_runtimes_command(tmp_path: Path) -> None:
+    """The "consolidating:" line: the whole command quoted, not the environment filter's script."""
+    from fsdp_workflow.plan.spec import wrap_argv
+
+    step = ["python", "-m", "fsdp_workflow.consolidate", str(tmp_path / "my run"), "out"]
+    assert shown(step) == f"python -m fsdp_workflow.consolidate '{tmp_path / 'my run'}' out"
+    image = tmp_path / "img.sif"
+    cfg = compose(["+experiment=smoke", "container=apptainer", f"container.image={image}", f"run_dir={tmp_path}"])
+    wrapped = wrap_argv(cfg, step, "consolidate")
+    assert wrapped[0] == "bash" and "compgen" in wrapped[2]  # the filter runs first
+    line = shown(wrapped)
+    assert line.startswith("apptainer exec ") and str(image) in line, line
+    assert line.endswith(f"python -m fsdp_workflow.consolidate '{tmp_path / 'my run'}' out"), line
+    assert "compgen" not in line and "fsdp_workflow-container-env" not in line
 
 
 def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, monkeypatch, caplog) -> None:
