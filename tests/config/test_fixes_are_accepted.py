@@ -12,8 +12,9 @@ messages must carry an exact override.
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import List
+from typing import List, Tuple
 
 import pytest
 from invalid_corpus import INVALID_CASES, case_id
@@ -56,11 +57,16 @@ def test_the_extraction_reads_fixes_as_a_user_would() -> None:
 
 
 
+@functools.lru_cache(maxsize=None)
+def case_errors(overrides: Tuple[str, ...]) -> tuple:
+    """The planner's errors for a case, composed once for this module's two tests (the check is deterministic)."""
+    return tuple(check(compose(["+experiment=smoke", "dry_run=true", *overrides])).errors)
+
+
 @pytest.mark.parametrize("case", INVALID_CASES, ids=[case_id(c) for c in INVALID_CASES])
 def test_the_suggested_fix_is_accepted_and_removes_the_error(case) -> None:
     overrides, key = case
-    base = ["+experiment=smoke", "dry_run=true", *overrides]
-    issues = [i for i in check(compose(base)).errors if i.key == key]
+    issues = [i for i in case_errors(tuple(overrides)) if i.key == key]
     assert issues, f"the case no longer fails on {key}"
     alternatives = suggested_alternatives(issues[0].fix)
     if not alternatives:  # prose ("one of eager, sdpa, ..."): it must still say what to write
@@ -78,6 +84,6 @@ def test_the_suggested_fix_is_accepted_and_removes_the_error(case) -> None:
 def test_most_messages_carry_an_exact_fix() -> None:
     exact = 0
     for overrides, key in INVALID_CASES:
-        issues = [i for i in check(compose(["+experiment=smoke", "dry_run=true", *overrides])).errors if i.key == key]
+        issues = [i for i in case_errors(tuple(overrides)) if i.key == key]
         exact += bool(issues and suggested_alternatives(issues[0].fix))
     assert exact >= 0.8 * len(INVALID_CASES), (exact, len(INVALID_CASES))
