@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -61,6 +62,12 @@ def ema_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, log_text(run_dir)
     return run_dir
 
+
+# Started in the background (`nohup python -m pytest &`, a non-interactive shell's `&`), the
+# suite inherits SIGINT ignored, and so would every process it starts: the Ctrl-C tests would
+# then prove nothing but that. Python's own handler here makes a started process default again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests never reach a model hub: everything is built from small configs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
