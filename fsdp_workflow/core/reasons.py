@@ -21,6 +21,11 @@ import re
 from dataclasses import dataclass
 
 
+# After submitting, both routes (launch/pending.py, submit.sh) poll the reasons this long, this often.
+WATCH_S = 6.0  # Slurm sets reasons at its first scheduling pass: seconds on a busy controller
+POLL_S = 0.5
+
+
 @dataclass(frozen=True)
 class Reason:
     """One pending reason.
@@ -64,6 +69,10 @@ _NEVER = {
 }
 # Per-job and per-node maxima of a QoS or an association: the request itself is too large.
 _NEVER_PATTERN = re.compile(r"^(QOS|Assoc)(Max\w*Per(Job|Node)\w*|Min\w+)$")
+# The same pattern for bash's [[ =~ ]] (POSIX ERE has no \w), rendered into submit.sh.
+NEVER_PATTERN_ERE = _NEVER_PATTERN.pattern.replace("\\w", "[[:alnum:]_]")
+_LIMIT_WORDS = "the request is above a per-job or per-node limit of its {}"
+_LIMIT_FIX = "lower the request, or use another QoS/account (sacctmgr show qos; sacctmgr show assoc user=$USER)"
 
 _WAIT = {
     "Priority": "jobs with a higher priority are ahead of it",
@@ -96,11 +105,22 @@ def explain(code: str) -> Reason:
         words, fix = _NEVER[head]
         return Reason(code, True, words, fix)
     if _NEVER_PATTERN.match(head) and not head.endswith(("PerUser", "PerAccount")):
-        return Reason(code, True, "the request is above a per-job or per-node limit of its "
-                      + ("QoS" if head.startswith("QOS") else "association"),
-                      "lower the request, or use another QoS/account (sacctmgr show qos; sacctmgr show assoc "
-                      "user=$USER)")
+        return Reason(code, True, _LIMIT_WORDS.format("QoS" if head.startswith("QOS") else "association"), _LIMIT_FIX)
     if head.startswith(("QOSGrp", "AssocGrp", "QOSMax", "AssocMax", "MaxJob", "QOSJob", "QOSResource")):
         return Reason(code, False, "a limit shared with your other jobs (or your group's) is reached; "
                       "it starts as they finish", "wait, or cancel some of your other jobs")
     return Reason(code, False, _WAIT.get(head, "Slurm gives this reason"), "wait")
+
+
+def never_codes() -> dict:
+    """``{code: (words, fix)}`` of the codes that always mean "never", for ``submit.sh``'s own watch.
+
+    The per-job limits of a QoS or an association match :data:`NEVER_PATTERN_ERE` instead;
+    their words are :func:`limit_words` (their ``...PerUser``/``...PerAccount`` forms are a wait).
+    """
+    return dict(_NEVER)
+
+
+def limit_words(owner: str) -> tuple:
+    """(words, fix) of a per-job or per-node limit of ``owner`` ("QoS" or "association")."""
+    return _LIMIT_WORDS.format(owner), _LIMIT_FIX

@@ -18,11 +18,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.launch.cluster_check import option_key
-from fsdp_workflow.core.reasons import Reason, explain
+from fsdp_workflow.core.reasons import POLL_S, WATCH_S, Reason, explain
 from fsdp_workflow.plan.jobs import NOUN, SbatchJob
 
-WATCH_S = 6.0  # Slurm sets reasons at its first scheduling pass: seconds on a busy controller
-POLL_S = 0.5
 GONE_S = 15.0  # how long to wait for cancelled jobs to leave squeue
 
 # Which option a "never" reason is about, to name the key a user changes.

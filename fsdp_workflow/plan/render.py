@@ -17,6 +17,7 @@ from fsdp_workflow.container.base import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
+from fsdp_workflow.core.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
 from fsdp_workflow.core.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -518,12 +519,74 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
     return lines
 
 
+def _reason_line(words: str, fix: str) -> str:
+    return f"printf '%s\\n' {shell_word(f'{words}; fix: {fix}')}"
+
+
+def pending_watch_lines(plan: LaunchPlan) -> List[str]:
+    """``submit.sh`` right after sbatch: a pending reason that means "never" cancels the whole chain (exit 2).
+
+    :mod:`fsdp_workflow.launch.pending` in shell, from the same table
+    (:mod:`fsdp_workflow.core.reasons`): Slurm sets each job's reason at its first
+    scheduling pass; the poll ends once every pending job has one and none means
+    "never", or after ``WATCH_S`` (a "never" is read again to the end: the first,
+    coarse reason becomes the precise one). A Slurm that does not answer ends the
+    watch: the chain stays submitted, as on the Python route.
+    """
+    ids = [f"${job.role}_id" for job in plan.chain]
+    lines = [
+        '# A chain Slurm will never start (its pending reason says so) is cancelled, not reported submitted.',
+        "never_reason() {  # Slurm's reason -> what it means and the fix; status 1 when it is a wait",
+        "  local head=${1%%[,(]*}",
+        "  head=${head//[[:space:]]/}",
+        '  case "$head" in',
+    ]
+    for code, (words, fix) in never_codes().items():
+        lines.append(f"    {code}) {_reason_line(words, fix)}; return 0;;")
+    qos, assoc = limit_words("QoS"), limit_words("association")
+    lines += [
+        "    *PerUser|*PerAccount) return 1;;",
+        "  esac",
+        f"  local limit={shell_word(NEVER_PATTERN_ERE)}",
+        '  [[ $head =~ $limit ]] || return 1',
+        f'  case "$head" in QOS*) {_reason_line(*qos)};; *) {_reason_line(*assoc)};; esac',
+        "}",
+        'job_noun() {',
+        '  case "$1" in',
+        *[f'    "${job.role}_id") echo "{NOUN[job.role]} job";;' for job in plan.chain],
+        "  esac",
+        "}",
+        'stuck=""',
+        f"for _ in $(seq {int(WATCH_S / POLL_S)}); do",
+        '  out=$(squeue -h -j "' + ",".join(ids) + '" -o "%i|%T|%r" 2>/dev/null) || break',
+        '  stuck=""; settled=1',
+        "  while IFS='|' read -r id state reason; do",
+        '    [ "$state" = PENDING ] || continue',
+        '    case "$reason" in None|"") settled=0;; esac',
+        "    if why=$(never_reason \"$reason\"); then stuck+=\"  $(job_noun \"$id\") $id: PENDING ($reason): $why\"$'\\n'; fi",
+        '  done <<< "$out"',
+        '  if [ -z "$stuck" ] && [ "$settled" = 1 ]; then break; fi',
+        f"  sleep {POLL_S:g}",
+        "done",
+        'if [ -n "$stuck" ]; then',
+        "  scancel " + " ".join(f'"{i}"' for i in ids) + " || true",
+        '  echo "submit.sh: Slurm would never start this chain:" >&2',
+        """  printf '%s' "$stuck" >&2""",
+        '  echo "submit.sh: cancelled the whole chain (' + ", ".join(ids) + '): none of it stays in the queue; '
+        'change the config, plan the run again and resubmit" >&2',
+        f"  exit {EXIT_USAGE}",
+        "fi",
+    ]
+    return lines
+
+
 def render_submit(plan: LaunchPlan) -> str:
     """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node.
 
     ``python -m fsdp_workflow`` submits the same ``sbatch`` commands
     (:func:`fsdp_workflow.plan.jobs.sbatch_argv`). If a later job cannot be
-    submitted, the earlier ones are cancelled: nothing is left half-submitted.
+    submitted, the earlier ones are cancelled: nothing is left half-submitted; nor is
+    a chain Slurm would never start (:func:`pending_watch_lines`).
     """
     lines = [
         "#!/bin/bash",
@@ -536,6 +599,7 @@ def render_submit(plan: LaunchPlan) -> str:
     ]
     for i, job in enumerate(plan.chain):
         lines += _submit_lines(plan, job, plan.chain[:i])
+    lines += pending_watch_lines(plan)
     jobs = _in_run_dir(plan.layout.jobs.name)
     lines += [f'echo "{job.role} ${job.role}_id" >> {jobs}' for job in plan.chain]
     for job in plan.chain:

@@ -123,6 +123,26 @@ def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
     assert '"--dependency=afterok:${train_id}" --kill-on-invalid-dep=yes' in submit
 
 
+@pytest.mark.parametrize("code", [
+    "PartitionTimeLimit", "PartitionConfig", "BadConstraints", "DependencyNeverSatisfied", "InvalidQOS",
+    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "AssocMaxNodePerJobLimit", "QOSMinCpuNotSatisfied",
+    "QOSMaxCpuPerUserLimit", "AssocMaxJobsPerAccount", "Priority", "Resources", "Dependency", "None",
+    "ReqNodeNotAvail, UnavailableNodes:n1", "BadConstraints (x)", "SomethingNew"])
+def test_submit_sh_reads_pending_reasons_with_the_python_table(code: str) -> None:
+    """submit.sh's own "never" test gives, for each reason, what ``core.reasons.explain`` gives the Python route."""
+    from fsdp_workflow.core.reasons import explain
+
+    submit = render_all(build_plan(_cfg("smoke", "/runs/x")))["submit.sh"]
+    start = submit.index("never_reason() {")
+    function = submit[start:submit.index("\n}\n", start) + 3]
+    proc = subprocess.run(["bash", "-c", function + 'never_reason "$1"', "submit.sh", code],
+                          capture_output=True, text=True, timeout=10)
+    want = explain(code)
+    assert (proc.returncode == 0) == want.never, (code, proc)
+    if want.never:
+        assert proc.stdout == f"{want.words}; fix: {want.fix}\n"
+
+
 def test_no_consolidation_job_when_disabled() -> None:
     scripts = render_all(build_plan(_cfg("smoke", "/runs/x", "consolidate.enabled=false")))
     assert "consolidate.sbatch" not in scripts

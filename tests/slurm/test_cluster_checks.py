@@ -145,3 +145,24 @@ def test_a_never_pending_reason_cancels_the_whole_chain(short, tmp_path):
     assert _queued(name) == []
     assert all(su.show_job(i)["JobState"] == "CANCELLED" for i in ids)
     assert not (tmp_path / name / "jobs.txt").exists()
+
+    # The same chain through `bash submit.sh` (no Python): the shell's watch cancels it too.
+    sub = tmp_path / f"{name} sh"
+    proc = ph.run_cli(sub, f"name={name}", "cluster.check_limits=false", f"cluster.partition={short}",
+                      "cluster.time_min=30", "cluster.consolidate_time_min=30", "dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(["bash", str(sub / "submit.sh")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "submit.sh: Slurm would never start this chain:" in err, err
+    assert "data preparation job " in err and ": PENDING (PartitionTimeLimit): the job's time limit is above its " \
+        "partition's MaxTime; fix: lower the job's time (cluster.time_min, cluster.consolidate_time_min)" in err, err
+    assert "cancelled the whole chain (" in err
+    ids = [int(x) for x in err.split("cancelled the whole chain (")[1].split(")")[0].split(", ")]
+    assert len(ids) == 3
+    deadline = time.monotonic() + 20
+    while _queued(name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _queued(name) == []
+    assert all(su.show_job(i)["JobState"] == "CANCELLED" for i in ids)
+    assert not (sub / "jobs.txt").exists() and "follow:" not in proc.stdout

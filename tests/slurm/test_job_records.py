@@ -59,7 +59,9 @@ def test_a_job_that_died_before_python_names_its_error_line(slurm_cluster, tmp_p
 
 def test_a_held_job_shows_its_hold_and_no_eta(slurm_cluster, tmp_path):
     run_dir = tmp_path / "held"
-    assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "name=held1").returncode == 0
+    # begin=now+120: the job is still pending when the test holds it, however quick the scheduler
+    assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "name=held1",
+                      "+cluster.additional_parameters.begin=now+120").returncode == 0
     (run_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "loss": 2.0, "time": 1000.0 + s}) + "\n" for s in range(1, 11)))
     sub = subprocess.run(["bash", str(run_dir / "submit.sh")], capture_output=True, text=True, timeout=60)
