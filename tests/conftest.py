@@ -55,12 +55,9 @@ EMA_RUN = [f"train.max_steps={EMA_STEPS}", "checkpoint.every_steps=1", "checkpoi
 
 @pytest.fixture(scope="session")
 def ema_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.train.runner import launch, log_text, make_run_dir
+    from tests.train.runner import launched, make_run_dir
 
-    run_dir = make_run_dir(tmp_path_factory.mktemp("ema") / "run", EMA_RUN)
-    proc = launch(run_dir)
-    assert proc.returncode == 0, log_text(run_dir)
-    return run_dir
+    return launched(make_run_dir(tmp_path_factory.mktemp("ema") / "run", EMA_RUN))
 
 
 # Started in the background (`nohup python -m pytest &`, a non-interactive shell's `&`), the

@@ -9,7 +9,7 @@ import pytest
 
 from fsdp_workflow.core.rundir import RunDir
 
-from tests.train.runner import launch, log_text, make_run_dir
+from tests.train.runner import launched, make_run_dir
 
 # 20 steps, a checkpoint every 10, all kept: the reference for resume exactness.
 # Gradient accumulation and async DCP saves ride along (resuming from an async
@@ -23,10 +23,7 @@ STRAIGHT = [
 @pytest.fixture(scope="session")
 def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default strategy (FSDP2) on 2 CPU ranks, 20 steps straight."""
-    run_dir = make_run_dir(tmp_path_factory.mktemp("straight") / "run", STRAIGHT)
-    proc = launch(run_dir)
-    assert proc.returncode == 0, log_text(run_dir)
-    return run_dir
+    return launched(make_run_dir(tmp_path_factory.mktemp("straight") / "run", STRAIGHT))
 
 
 def copy_run(src: Path, dest: Path, checkpoints: tuple[int, ...]) -> Path:

@@ -92,6 +92,13 @@ def launch(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = 
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
 
 
+def launched(run_dir: Path, nproc: int = 2, timeout_s: float = 180) -> Path:
+    """:func:`launch` that must succeed (the test fails with the run's log); returns ``run_dir``."""
+    proc = launch(run_dir, nproc=nproc, timeout_s=timeout_s)
+    assert proc.returncode == 0, log_text(run_dir)[-6000:]
+    return run_dir
+
+
 def start(run_dir: Path, nproc: int = 2, extra_env: Optional[dict[str, str]] = None) -> subprocess.Popen:
     """Start the trainer in the background (torchrun gives each rank its own session)."""
     with open(log_file(run_dir), "ab") as log:

@@ -13,7 +13,7 @@ import pytest
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.core.rundir import RunDir
-from tests.train.runner import launch, log_text, make_run_dir
+from tests.train.runner import launched, make_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,7 @@ CHAT = ["data=smoke_chat", f"train.seq_len={SEQ_LEN}", f"train.micro_batch_size=
 
 @pytest.fixture(scope="module")
 def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = make_run_dir(tmp_path_factory.mktemp("chat") / "run", CHAT)
-    proc = launch(run)
-    assert proc.returncode == 0, log_text(run)
-    return run
+    return launched(make_run_dir(tmp_path_factory.mktemp("chat") / "run", CHAT))
 
 
 def test_only_assistant_tokens_are_trained(chat_run: Path) -> None:

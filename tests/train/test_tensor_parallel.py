@@ -43,7 +43,7 @@ from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.estimate import summary_lines
 from fsdp_workflow.plan.render import render_launch_env
 from tests.train.conftest import copy_run
-from tests.train.runner import FAST, launch, log_text, losses, make_run_dir
+from tests.train.runner import FAST, launched, log_text, losses, make_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -57,20 +57,15 @@ def metrics(run: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "step" in r}
 
 
-def launched(run: Path) -> Path:
-    proc = launch(run, nproc=4, timeout_s=300)
-    assert proc.returncode == 0, log_text(run)[-6000:]
-    return run
-
-
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return launched(make_run_dir(tmp_path_factory.mktemp("tp") / "run", TP))
+    return launched(make_run_dir(tmp_path_factory.mktemp("tp") / "run", TP), nproc=4, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def resumed_same(tp_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return launched(copy_run(tp_run, tmp_path_factory.mktemp("resume-tp2") / "run", checkpoints=(3,)))
+    run = copy_run(tp_run, tmp_path_factory.mktemp("resume-tp2") / "run", checkpoints=(3,))
+    return launched(run, nproc=4, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +76,7 @@ def resumed_tp1(tp_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     layout = RunDir.of(run)
     layout.config.write_text(to_yaml(cfg))
     layout.launch_env.write_text(render_launch_env(accelerate_env(cfg)))
-    return launched(run)
+    return launched(run, nproc=4, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
