@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from tests.train.conftest import copy_run
-from tests.train.runner import launch, log_text, losses, make_run_dir
+from tests.train.runner import launched, log_text, losses, make_run_dir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -26,10 +26,7 @@ GPU = ["cluster.device=cuda", "cluster.processes_per_node=1", "train.mixed_preci
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = make_run_dir(tmp_path_factory.mktemp("gpu") / "run", GPU)
-    proc = launch(run, nproc=1, timeout_s=600)
-    assert proc.returncode == 0, log_text(run)
-    return run
+    return launched(make_run_dir(tmp_path_factory.mktemp("gpu") / "run", GPU), nproc=1, timeout_s=600)
 
 
 def test_accelerate_keeps_fsdp2_on_one_gpu(gpu_run: Path) -> None:
@@ -47,8 +44,7 @@ def test_accelerate_keeps_fsdp2_on_one_gpu(gpu_run: Path) -> None:
 
 def test_resume_on_gpu(gpu_run: Path, tmp_path: Path) -> None:
     run = copy_run(gpu_run, tmp_path / "resumed", checkpoints=(10,))
-    proc = launch(run, nproc=1, timeout_s=600)
-    assert proc.returncode == 0, log_text(run)
+    launched(run, nproc=1, timeout_s=600)
     ref, got = losses(gpu_run), losses(run)
     diffs = [abs(got[s] - ref[s]) for s in range(11, 21)]
     print(f"GPU resume: max |loss difference| over steps 11-20 = {max(diffs):.3g} (exact: {max(diffs) == 0})")

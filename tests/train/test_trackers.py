@@ -30,7 +30,7 @@ from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train.trackers import CHECKPOINT_EVAL_PREFIX, NOT_LOGGED, flat_config
 
-from tests.train.runner import launch, launch_env, log_text, make_run_dir
+from tests.train.runner import launch_env, launched, log_text, make_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,7 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> TrackedRun:
     run_dir = make_run_dir(tmp_path_factory.mktemp("trackers") / "run", [
         f"train.max_steps={STEPS}", "train.eval_every_steps=3", "train.eval_batches=1",
         "checkpoint.every_steps=0", "checkpoint.save_final=false", "train.report_to=[tensorboard,mlflow]"])
-    proc = launch(run_dir)
-    assert proc.returncode == 0, log_text(run_dir)
+    launched(run_dir)
     run = RunDir.of(run_dir)
     pid = re.search(r"rank 0 of 2 .* pid (\d+)", log_text(run_dir))
     assert pid, log_text(run_dir)
