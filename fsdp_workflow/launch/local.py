@@ -45,7 +45,7 @@ from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
 from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan
-from fsdp_workflow.plan.render import ENV_FILTER_ARGV0
+from fsdp_workflow.plan.render import runtime_argv
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,7 @@ def _interrupted(returncode: int) -> bool:
 def shown(argv: List[str]) -> str:
     """A step's command as the log shows it: quoted, and in an image the runtime's command line
     (``apptainer exec ... python -m ...``), without the environment filter that runs it."""
-    if ENV_FILTER_ARGV0 in argv:
-        argv = argv[argv.index(ENV_FILTER_ARGV0) + 1:]
-    return shell(argv)
+    return shell(runtime_argv(argv))
 
 
 def _this_python(argv: List[str]) -> List[str]:

@@ -126,6 +126,12 @@ def wrapped_argv(cmd: ContainerCommand, argv: List[str]) -> List[str]:
     return head + list(cmd.prefix) + list(argv)
 
 
+def runtime_argv(argv: List[str]) -> List[str]:
+    """A step's argv without the env filter :func:`wrapped_argv` puts in front (unchanged when it has none):
+    the runtime's command line (``apptainer exec ... python -m ...``), for a user to read."""
+    return argv[argv.index(ENV_FILTER_ARGV0) + 1:] if ENV_FILTER_ARGV0 in argv else list(argv)
+
+
 # ---------------------------------------------------------------- pieces of job scripts
 def _sbatch_header(job: SbatchJob) -> List[str]:
     lines = ["#!/bin/bash"]
@@ -469,7 +475,7 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
     layout = plan.layout
     jobs, model = _in_run_dir(layout.jobs.name), shell_word(str(layout.hf_model))
     terminal = "|".join(TERMINAL_STATES)
-    status = f'python -m fsdp_workflow.status $(printf %q "$RUN_DIR")'
+    status = 'python -m fsdp_workflow.status $(printf %q "$RUN_DIR")'
     lines = [
         "# One live chain per run directory: a job of jobs.txt still queued or running refuses.",
         f"if [ -s {jobs} ]; then",

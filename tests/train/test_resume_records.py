@@ -9,7 +9,6 @@ step must then be on record exactly once, with the redone run's values.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest

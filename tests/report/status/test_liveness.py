@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +68,7 @@ def test_one_live_rank_means_running_with_an_eta(tmp_path, capsys, alive_pid):
     write_heartbeat(run, 0, alive_pid)
     write_heartbeat(run, 1, _dead_pid())
     text, js = _report(run, capsys)
-    assert _state_line(text).startswith(f"state: running (rank 0 on ") and f"(pid {alive_pid}," in text
+    assert _state_line(text).startswith("state: running (rank 0 on ") and f"(pid {alive_pid}," in text
     assert "ETA 4m10s" in text and js["progress"]["eta_s"] == 250.0
 
 
@@ -95,7 +94,7 @@ def test_the_run_lock_held_by_a_live_process_means_running_and_its_death_frees_i
         assert holder.stdout.readline().strip() == "held"
         text, js = _report(run, capsys)
         assert js["state"] == "running" and "ETA" in text
-        assert f"training (local launcher) on host" in _state_line(text) and f"pid {holder.pid}" in _state_line(text)
+        assert "training (local launcher) on host" in _state_line(text) and f"pid {holder.pid}" in _state_line(text)
     finally:
         holder.send_signal(signal.SIGKILL)  # no release, no cleanup: the kernel frees the flock
         holder.wait(timeout=30)
@@ -121,7 +120,7 @@ def test_a_ctrl_c_run_shows_its_exit_record_checkpoint_and_the_resume_command(tm
     write_heartbeat(run, 0, _dead_pid(), age_s=30.0)
     text, js = _report(run, capsys)
     assert js["state"] == "stopped" and "ETA" not in text
-    assert f"trainer exit: 75 (preempted after a checkpoint; requeue): interrupted (SIGINT) at step 20" in text
+    assert "trainer exit: 75 (preempted after a checkpoint; requeue): interrupted (SIGINT) at step 20" in text
     assert f"  checkpoint it reached: {run.step_dir(20)}" in text.splitlines()
     assert "latest checkpoint: step 20  (.requeue marker present: stopped on a signal)" in text
     resume = f"python -m fsdp_workflow +experiment=smoke train.max_steps=1000 run_dir={run.root} checkpoint.resume=auto"
