@@ -434,8 +434,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.argv = [sys.argv[0]] + args
     _user_full_error = os.environ.get(_FULL_ERROR)
     os.environ[_FULL_ERROR] = "1"  # Hydra raises its composition errors: reported below as one message
+    from fsdp_workflow.config.hydra_mode import mode_from_flags
+
     try:
-        _hydra_main()
+        with mode_from_flags(args):  # Hydra composes once, not twice (the first only read hydra.mode)
+            _hydra_main()
     except SystemExit as exc:
         # Hydra reports command-line errors (argparse) itself and exits 1 before our task runs;
         # those are config errors too.

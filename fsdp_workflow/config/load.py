@@ -148,9 +148,16 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
     - A bare command (nothing but ``run_dir``/``dry_run``/``hydra.*`` and flags) is
       the smoke run; a command that names any group or key gets the base defaults,
       so smoke's CPU/tiny values never leak into a hand-composed run.
+    - ``hydra.mode=MULTIRUN`` is ``--multirun`` (and ``hydra.mode=RUN`` the default), so a
+      sweep asked for either way gets the same per-point run directories and checks.
     """
     out: List[str] = []
+    multirun = False
     for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "hydra.mode" and value.strip().upper() in ("RUN", "MULTIRUN"):
+            multirun = multirun or value.strip().upper() == "MULTIRUN"
+            continue
         if o.startswith("+experiment="):
             o = o[1:]
         if o.startswith("experiment=") and o.split("=", 1)[1].strip().lower() in ("null", "none", "~", ""):
@@ -158,6 +165,8 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
         out.append(o)
     if not any(_names_config(o) for o in out):
         out.insert(0, f"experiment={DEFAULT_EXPERIMENT}")  # before any flag: argparse wants overrides together
+    if multirun and not any(o in ("-m", "--multirun") for o in out):
+        out.insert(0, "--multirun")
     return out
 
 
