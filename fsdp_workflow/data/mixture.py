@@ -28,11 +28,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from fsdp_workflow.config.schema import DataConfig, DataFormat, DataSource
+
+if TYPE_CHECKING:  # numpy only where documents are selected (prepare), not when a plan is checked
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def select(rng: np.random.Generator, available: int, count: int) -> np.ndarray:
     Returns:
         int64 indices, in ascending order within each copy (the mixture is shuffled afterwards).
     """
+    import numpy as np
+
     if count <= 0 or available <= 0:
         return np.zeros(0, np.int64)
     copies, rest = divmod(count, available)
