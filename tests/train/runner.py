@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
 from fsdp_workflow.config.load import compose, to_yaml
@@ -115,12 +115,15 @@ def _process_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     return env
 
 
-def write_scripts(run_dir: Path) -> Path:
-    """(Re)write ``run_dir``'s job scripts from its ``config.yaml``, as the CLI would, for ``run_dir``."""
+def write_scripts(run_dir: Path, cfg: Optional[Any] = None) -> Path:
+    """(Re)write ``run_dir``'s config and job scripts, as the CLI would, for ``run_dir``.
+
+    ``cfg``: the config to write (default: the one ``config.yaml`` holds).
+    """
     from fsdp_workflow.config.load import load_run_config
     from fsdp_workflow.plan.run_dir import write_run_dir
 
-    cfg = load_run_config(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir / "config.yaml") if cfg is None else cfg
     cfg.run_dir = str(run_dir)  # a copied run dir's config still names its source
     write_run_dir(cfg)
     return run_dir

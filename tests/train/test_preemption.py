@@ -20,8 +20,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from fsdp_workflow.config.load import load_run_config
+from fsdp_workflow.config.schema import Tracker
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEUE
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
+from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.train.fault_hooks import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
@@ -113,8 +116,15 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
 
     The straight run saves asynchronously (checkpoint.async_save=true), so the kill lands in
     the middle of a background save; the resumed run must end bit-identical to the straight one.
+    Steps 11-20 were logged before the kill and are redone after it: metrics.jsonl, status's
+    curves and TensorBoard (``train.report_to=[tensorboard]`` on this copy) must hold each
+    once, with the redone values (issue 24, item 3).
     """
-    run = write_scripts(copy_run(straight_run, tmp_path / "killed", checkpoints=(10,)))
+    run = copy_run(straight_run, tmp_path / "killed", checkpoints=(10,))
+    cfg = load_run_config(run / "config.yaml")
+    cfg.train.report_to = [Tracker.tensorboard]  # trackers only log: the losses stay the straight run's
+    (run / "config.yaml").unlink()  # planned afresh with it (the run-dir rule refuses a changed config)
+    run = write_scripts(run, cfg)
     ckpts = run / "checkpoints"
     before = {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()}
     proc = start_node_script(run, extra_env={SAVE_DELAY_ENV: "120"})  # bash execs torchrun: proc.pid is torchrun
@@ -132,6 +142,8 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     assert names == ["step-10", "step-20.tmp"], names
     assert not (ckpts / "step-20.tmp" / ".metadata").exists()
     assert {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()} == before
+    assert metrics_steps(run) == list(range(11, 21))  # logged past the last checkpoint, then killed
+    assert _tensorboard_loss_steps(run)[-1] > 10  # TensorBoard had them too: the redo below must replace them
 
     proc2 = start_node_script(run)
     try:
@@ -147,6 +159,26 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     want, have = _tensors(straight_run / "checkpoints" / "step-20"), _tensors(ckpts / "step-20")
     assert sorted(want) == sorted(have) and any(k.startswith("optimizer.") for k in want)
     assert [k for k in want if not torch.equal(want[k], have[k])] == []  # bit-identical, optimizer state included
+
+    # Each redone step on record once: metrics.jsonl, status's curves, TensorBoard (its own reader).
+    assert metrics_steps(run) == list(range(11, 21))
+    assert read_series(run / "metrics.jsonl").steps == list(range(11, 21))
+    logged = _tensorboard_loss(run)
+    assert [s for s, _ in logged] == list(range(11, 21)), logged
+    assert all(v == pytest.approx(got[s], rel=1e-6) for s, v in logged)
+
+
+def _tensorboard_loss(run: Path) -> list[tuple[int, float]]:
+    """``(step, loss)`` as TensorBoard's own reader shows the run's events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "trackers" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("loss")]
+
+
+def _tensorboard_loss_steps(run: Path) -> list[int]:
+    return [step for step, _ in _tensorboard_loss(run)]
 
 
 # ---------------------------------------------------------------- Ctrl-C (issue 24, item 3)
