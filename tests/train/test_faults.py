@@ -1,17 +1,16 @@
-"""Faults injected into real 2-rank gloo runs: a rank that hangs, a full disk, corrupt checkpoints.
+"""Faults injected into real 2-rank gloo runs: a rank that hangs, a full disk.
 
 Each test starts the real trainer under torchrun (tests/train/runner.py) and
 injects the fault for real: a rank stopped with SIGSTOP (through the test-only
 hook ``FSDP_WORKFLOW_TEST_FAULT``, the only way to aim inside a save), a run
-directory on a small tmpfs that fills up during a save, checkpoint files
-truncated or garbled on disk. docs/reliability.md lists what each proves.
+directory on a small tmpfs that fills up during a save. Corrupt checkpoints
+(truncated or garbled on disk) are planted before the kill -9 run's resume in
+tests/train/test_preemption.py. docs/reliability.md lists what each proves.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,9 +21,8 @@ from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_PEER_TIMEOUT
 from fsdp_workflow.core.rundir import DCP_METADATA
 from fsdp_workflow.train.fault_hooks import FAULT_ENV
-from tests.train.conftest import copy_run
 from tests.train.runner import (
-    _process_env, alive, cli_argv, descendants, kill_tree, launch, log_text, losses, make_run_dir, start, start_cli,
+    _process_env, alive, cli_argv, descendants, kill_tree, launch, log_text, make_run_dir, start, start_cli,
 )
 
 pytestmark = pytest.mark.slow
@@ -132,32 +130,6 @@ def test_a_full_disk_during_an_async_save_keeps_the_previous_checkpoint_and_says
     proc = launch(run)
     assert proc.returncode != 0, log_text(run)
     _assert_full_disk_is_reported(run)
-
-
-def test_corrupt_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_newest_whole_one(
-        straight_run: Path, tmp_path: Path) -> None:
-    """step-20 with a truncated shard and step-15 with a garbled .metadata: resume from step-10, exactly."""
-    run = copy_run(straight_run, tmp_path / "run", checkpoints=(10, 20))
-    ckpts = run / "checkpoints"
-    shard = ckpts / "step-20" / "__1_0.distcp"
-    shard.write_bytes(shard.read_bytes()[:-4096])
-    shutil.copytree(ckpts / "step-10", ckpts / "step-15")
-    meta = ckpts / "step-15" / DCP_METADATA
-    meta.write_bytes(meta.read_bytes()[:200] + bytes(64) + meta.read_bytes()[264:])
-    kept = {name: sorted((p.name, p.stat().st_size) for p in (ckpts / name).iterdir()) for name in ("step-15", "step-20")}
-
-    proc = launch(run)
-    log = log_text(run)
-    assert proc.returncode == 0, log
-    assert f"WARNING [rank 0/{socket.gethostname()}] fsdp_workflow.train.checkpoint: skipping checkpoint {ckpts / 'step-20'}: shard {shard} is truncated" in log
-    assert f"skipping checkpoint {ckpts / 'step-15'}: {meta} cannot be parsed" in log
-    assert f"resumed from {ckpts / 'step-10'} at step 10" in log
-    # Set aside by renaming, never deleted: the files are there as they were.
-    assert {name: sorted((p.name, p.stat().st_size) for p in (ckpts / f"{name}.corrupt").iterdir())
-            for name in ("step-15", "step-20")} == kept
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-15.corrupt", "step-20", "step-20.corrupt"]
-    ref, got = losses(straight_run), losses(run)
-    assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
 
 
 # ---------------------------------------------------------------- the local route keeps the rank's code (issue 24, item 8)

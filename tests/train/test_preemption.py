@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import Tracker
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEUE
-from fsdp_workflow.core.rundir import REQUEUE_MARKER
+from fsdp_workflow.core.rundir import DCP_METADATA, REQUEUE_MARKER
 from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.train.fault_hooks import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
@@ -115,7 +117,9 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     """Resume from step-10, hang the step-20 save before .metadata, kill -9 everything, resume again.
 
     The straight run saves asynchronously (checkpoint.async_save=true), so the kill lands in
-    the middle of a background save; the resumed run must end bit-identical to the straight one.
+    the middle of a background save. Before the resume, two corrupt checkpoints newer than
+    step-10 are planted (a garbled .metadata, a truncated shard): the run sets them aside,
+    resumes from step-10 and must end bit-identical to the straight one.
     Steps 11-20 were logged before the kill and are redone after it: metrics.jsonl, status's
     curves and TensorBoard (``train.report_to=[tensorboard]`` on this copy) must hold each
     once, with the redone values (issue 24, item 3).
@@ -145,15 +149,31 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     assert metrics_steps(run) == list(range(11, 21))  # logged past the last checkpoint, then killed
     assert _tensorboard_loss_steps(run)[-1] > 10  # TensorBoard had them too: the redo below must replace them
 
+    # Worse still, two newer checkpoints look whole by name but are not: step-15's .metadata
+    # is garbled, step-17 has a truncated shard. Both are set aside, never deleted.
+    for step in (15, 17):
+        shutil.copytree(ckpts / "step-10", ckpts / f"step-{step}")
+    meta = ckpts / "step-15" / DCP_METADATA
+    meta.write_bytes(meta.read_bytes()[:200] + bytes(64) + meta.read_bytes()[264:])
+    shard = ckpts / "step-17" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-4096])
+    kept = {n: sorted((p.name, p.stat().st_size) for p in (ckpts / n).iterdir()) for n in ("step-15", "step-17")}
+
     proc2 = start_node_script(run)
     try:
         proc2.wait(timeout=180)
     finally:
         if proc2.poll() is None:
             kill_tree(proc2)
-    assert proc2.returncode == 0, log_text(run)
-    assert f"resumed from {ckpts / 'step-10'}" in log_text(run)
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-20"]
+    log = log_text(run)
+    assert proc2.returncode == 0, log
+    assert f"WARNING [rank 0/{socket.gethostname()}] fsdp_workflow.train.checkpoint: skipping checkpoint " \
+           f"{ckpts / 'step-17'}: shard {shard} is truncated" in log, log
+    assert f"skipping checkpoint {ckpts / 'step-15'}: {meta} cannot be parsed" in log
+    assert f"resumed from {ckpts / 'step-10'} at step 10" in log
+    assert {n: sorted((p.name, p.stat().st_size) for p in (ckpts / f"{n}.corrupt").iterdir())
+            for n in ("step-15", "step-17")} == kept
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-15.corrupt", "step-17.corrupt", "step-20"]
     ref, got = losses(straight_run), losses(run)  # last line of a step wins
     assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
     want, have = _tensors(straight_run / "checkpoints" / "step-20"), _tensors(ckpts / "step-20")
