@@ -1,4 +1,9 @@
-"""2-rank gloo FSDP2 training on CPU: loss falls, DCP layout, sharded DTensors, hf_assets, metrics, exact resume."""
+"""2-rank gloo FSDP2 training on CPU: loss falls, DCP layout, sharded DTensors, hf_assets, metrics.
+
+Exact resume from this run's step-10 checkpoint (losses, weights and optimizer state equal
+the straight run's at step 20) is proven on the resume after a kill -9 and corrupt newer
+checkpoints: tests/train/test_preemption.py::test_kill_9_during_save_keeps_previous_checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.train.conftest import copy_run
-from tests.train.runner import launched, log_text, losses
+from tests.train.runner import log_text
 
 pytestmark = pytest.mark.slow
 
@@ -60,21 +64,6 @@ def test_hf_assets(straight_run: Path) -> None:
     assert tok.decode(tok("héllo")["input_ids"]) == "héllo"
 
 
-def test_resume_is_exact(straight_run: Path, tmp_path: Path) -> None:
-    """10 steps (the straight run's step-10 checkpoint) + resume + 10 steps == 20 steps straight."""
-    run = copy_run(straight_run, tmp_path / "resumed", checkpoints=(10,))
-    launched(run)
-    assert "resumed from" in log_text(run)
-    ref, got = losses(straight_run), losses(run)
-    assert sorted(got) == list(range(11, 21))
-    assert [got[s] for s in range(11, 21)] == [ref[s] for s in range(11, 21)]
-    # The optimizer and weights end identical too.
-    a = FileSystemReader(str(straight_run / "checkpoints" / "step-20")).read_metadata()
-    b = FileSystemReader(str(run / "checkpoints" / "step-20")).read_metadata()
-    assert set(a.state_dict_metadata) == set(b.state_dict_metadata)
-    assert _tensors_equal(straight_run, run)
-
-
 def _load_model_tensors(run: Path, step: int = 20) -> dict[str, torch.Tensor]:
     """The full ``model.*`` tensors of a checkpoint, gathered in this process."""
     import torch.distributed.checkpoint as dcp
@@ -85,11 +74,6 @@ def _load_model_tensors(run: Path, step: int = 20) -> dict[str, torch.Tensor]:
           if k.startswith("model.") and hasattr(v, "size")}
     dcp.load(sd, storage_reader=FileSystemReader(path), no_dist=True)
     return sd
-
-
-def _tensors_equal(a: Path, b: Path) -> bool:
-    x, y = _load_model_tensors(a), _load_model_tensors(b)
-    return len(x) > 20 and all(torch.equal(x[k], y[k]) for k in x)
 
 
 def test_consolidated_model_matches_training_weights(straight_run: Path, tmp_path: Path) -> None:
