@@ -504,6 +504,25 @@ def mesh_shape(cfg: WorkflowConfig) -> Dict[str, int]:
     return {"dp_replicate": rep, "dp_shard": max(world_size(cfg) // max(rep * cp * tp, 1), 1), "cp": cp, "tp": tp}
 
 
+def describe_mesh(strategy: StrategyName, shape: Dict[str, int]) -> str:
+    """The mesh as the planner's summary and the trainer's log say it.
+
+    FSDP2 builds the 4-D mesh (``dp_replicate 1 x dp_shard 4 x cp 1 x tp 2``). The other
+    strategies build none (validation refuses their replicas, CP and TP): every rank is
+    a data-parallel rank, and the words say how the model is held, so that a DDP run does
+    not read as sharded.
+    """
+    if strategy == StrategyName.fsdp2:
+        return " x ".join(f"{dim} {size}" for dim, size in shape.items())
+    ranks = 1
+    for size in shape.values():
+        ranks *= size
+    held = {StrategyName.ddp: "each holds the whole model (DDP replicas)",
+            StrategyName.fsdp1: "FSDP1 shards the model over all of them"}.get(
+        strategy, f"DeepSpeed ZeRO stage {strategy.value[-1]} over all of them")
+    return f"none ({strategy.value}): {ranks} data-parallel rank(s); {held}"
+
+
 def register_configs() -> None:
     """Register the schema in Hydra's ConfigStore (YAML files name these in their defaults)."""
     from hydra.core.config_store import ConfigStore

@@ -19,6 +19,7 @@ from fsdp_workflow.config.schema import (
     StrategyName,
     WorkflowConfig,
     data_parallel_size,
+    describe_mesh,
     mesh_shape,
     world_size,
 )
@@ -108,7 +109,7 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         f"model        {cfg.model.name}: {num_params(cfg.model) / 1e9:.3g} B parameters ({cfg.model.architecture})",
         f"strategy     {cfg.strategy.name.value}, mixed precision {t.mixed_precision.value}",
         f"world size   {world} = {c.nodes} node(s) x {c.processes_per_node} process(es), data parallel {dp}",
-        "mesh         " + " x ".join(f"{dim} {size}" for dim, size in mesh_shape(cfg).items()),
+        "mesh         " + describe_mesh(cfg.strategy.name, mesh_shape(cfg)),
         f"global batch {global_batch} sequences = micro {t.micro_batch_size} x accum {t.grad_accum_steps} x dp {dp}",
         f"tokens/step  {global_batch * t.seq_len:,} (seq_len {t.seq_len}); {t.max_steps} steps "
         f"= {global_batch * t.seq_len * t.max_steps / 1e9:.3g} B tokens",

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fsdp_workflow.config.schema import MESH_DIMS, WorkflowConfig, mesh_shape, world_size
+from fsdp_workflow.config.schema import MESH_DIMS, StrategyName, WorkflowConfig, describe_mesh, mesh_shape, world_size
 
 
 class StrategyError(RuntimeError):
@@ -81,8 +81,9 @@ class MeshDims:
         """Only ``dp_shard`` is above 1: plain FSDP2 over the world."""
         return self.dp_replicate == 1 and self.cp == 1 and self.tp == 1
 
-    def describe(self) -> str:
-        return " x ".join(f"{name} {size}" for name, size in zip(MESH_DIMS, self.shape))
+    def describe(self, strategy: StrategyName = StrategyName.fsdp2) -> str:
+        """As the planner says it (:func:`~fsdp_workflow.config.schema.describe_mesh`)."""
+        return describe_mesh(strategy, dict(zip(MESH_DIMS, self.shape)))
 
 
 @dataclass

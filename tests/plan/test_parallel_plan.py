@@ -46,3 +46,16 @@ def test_estimate_divides_weights_over_tp_x_dp_shard_and_activations_over_tp() -
     logits_gib = 2 * cfg.train.micro_batch_size * cfg.train.seq_len * cfg.model.vocab_size * 4 / GIB
     assert tp.activations_gib - logits_gib == pytest.approx((plain.activations_gib - logits_gib) / 2)
     assert validate(compose([*base, "strategy.tensor_parallel_size=2"])).errors == []
+
+
+@pytest.mark.parametrize("strategy, words", [
+    ("ddp", "mesh         none (ddp): 16 data-parallel rank(s); each holds the whole model (DDP replicas)"),
+    ("fsdp1", "mesh         none (fsdp1): 16 data-parallel rank(s); FSDP1 shards the model over all of them"),
+    ("deepspeed_zero3", "mesh         none (deepspeed_zero3): 16 data-parallel rank(s); DeepSpeed ZeRO stage 3 "
+                        "over all of them"),
+    ("fsdp2", "mesh         dp_replicate 1 x dp_shard 16 x cp 1 x tp 1"),
+])
+def test_the_summary_says_how_each_strategy_holds_the_model(strategy: str, words: str) -> None:
+    """Only FSDP2 builds a device mesh; a DDP run's summary must not read as dp_shard 16."""
+    text = "\n".join(summary_lines(compose(["+experiment=llama8b_fft", *SITE, f"strategy={strategy}"])))
+    assert words in text.splitlines(), text

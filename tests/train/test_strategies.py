@@ -34,7 +34,8 @@ def test_ddp_through_config_whatever_the_environment_says(tmp_path: Path) -> Non
     proc = launch(run, extra_env=lying)
     log = log_text(run)
     assert proc.returncode == 0, log
-    assert "strategy ddp (DistributedType.MULTI_CPU)" in log, log
+    assert "strategy ddp (DistributedType.MULTI_CPU), 2 rank(s), mesh none (ddp): 2 data-parallel rank(s); " \
+           "each holds the whole model (DDP replicas)" in log, log  # not "dp_shard 2": nothing is sharded
     assert "activation checkpointing" not in log, log  # none, as configured: not the environment's full
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["loss"] < recs[0]["loss"]
