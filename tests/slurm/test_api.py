@@ -40,6 +40,24 @@ def _queued(ids: Iterable[int]) -> List[int]:
     return sorted(listed & set(ids))
 
 
+def _still_queued_after(ids: Iterable[int], timeout_s: float = 30.0) -> List[int]:
+    """Those of ``ids`` squeue still lists after ``timeout_s``.
+
+    Slurm calls a cancelled running job CANCELLED at once, but lists it as completing
+    (``CG``) until its processes are gone: that, and only that, may take a moment.
+    """
+    ids = set(ids)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = dict(line.split() for line in su._run(["squeue", "-h", "-o", "%i %t"]).stdout.splitlines())
+        left = {int(i): state for i, state in listed.items() if int(i) in ids}
+        assert set(left.values()) <= {"CG"}, left  # cancelled: nothing pending or running any more
+        if not left:
+            return []
+        time.sleep(0.5)
+    return sorted(left)
+
+
 def _queued_named(name: str) -> List[str]:
     """Jobs squeue lists for the run named ``name`` (the jobs are named ``<name>-<role>``)."""
     return [n for n in su._run(["squeue", "-h", "-o", "%j"]).stdout.split() if n.startswith(f"{name}-")]
@@ -93,7 +111,7 @@ def test_cancel_stops_a_chain_and_leaves_nothing_queued(slurm_cluster, tmp_path:
     finally:
         ph.cancel_unfinished(ids)
     assert all(s.startswith("CANCELLED") for s in states.values()), states
-    assert _queued(ids.values()) == []
+    assert _still_queued_after(ids.values()) == []
     assert chain.done()
     err = chain["train"].exception()
     assert isinstance(err, submitit.core.utils.FailedJobError) and "CANCELLED" in str(err), err
