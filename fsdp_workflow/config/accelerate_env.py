@@ -36,6 +36,7 @@ from fsdp_workflow.config.schema import (
     OffloadDevice,
     StrategyName,
     WorkflowConfig,
+    deepspeed_stage,
     mesh_shape,
 )
 from fsdp_workflow.core.envnames import is_env_name
@@ -61,11 +62,6 @@ def is_fsdp(name: StrategyName) -> bool:
 def is_deepspeed(name: StrategyName) -> bool:
     """Whether the strategy is one of the DeepSpeed ZeRO stages."""
     return name in DEEPSPEED_STRATEGIES
-
-
-def deepspeed_stage(name: StrategyName) -> int:
-    """The ZeRO stage a ``deepspeed_zeroN`` strategy name stands for."""
-    return int(name.value[-1])
 
 
 def accelerate_env(cfg: WorkflowConfig) -> Dict[str, str]:

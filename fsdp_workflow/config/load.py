@@ -155,8 +155,9 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
     multirun = False
     for o in overrides:
         key, _, value = o.lstrip("+").partition("=")
-        if key == "hydra.mode" and value.strip().upper() in ("RUN", "MULTIRUN"):
-            multirun = multirun or value.strip().upper() == "MULTIRUN"
+        mode = value.strip().upper()
+        if key == "hydra.mode" and mode in ("RUN", "MULTIRUN"):
+            multirun = multirun or mode == "MULTIRUN"
             continue
         if o.startswith("+experiment="):
             o = o[1:]

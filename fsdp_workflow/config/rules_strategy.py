@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List
 
-from fsdp_workflow.config.accelerate_env import deepspeed_stage, is_deepspeed, is_fsdp
+from fsdp_workflow.config.accelerate_env import is_deepspeed, is_fsdp
 from fsdp_workflow.config.schema import (
     ActivationCheckpointing,
     AutoWrapPolicy,
@@ -20,6 +20,7 @@ from fsdp_workflow.config.schema import (
     StrategyName,
     TrainConfig,
     WorkflowConfig,
+    deepspeed_stage,
 )
 from fsdp_workflow.config.errors import Rule, ValidationReport
 

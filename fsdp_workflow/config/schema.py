@@ -13,6 +13,7 @@ about a second on a login node.
 from __future__ import annotations
 
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -57,6 +58,11 @@ class StrategyName(str, Enum):
     deepspeed_zero1 = "deepspeed_zero1"
     deepspeed_zero2 = "deepspeed_zero2"
     deepspeed_zero3 = "deepspeed_zero3"
+
+
+def deepspeed_stage(name: StrategyName) -> int:
+    """The ZeRO stage a ``deepspeed_zeroN`` strategy name stands for."""
+    return int(name.value[-1])
 
 
 class AutoWrapPolicy(str, Enum):
@@ -514,13 +520,13 @@ def describe_mesh(strategy: StrategyName, shape: Dict[str, int]) -> str:
     """
     if strategy == StrategyName.fsdp2:
         return " x ".join(f"{dim} {size}" for dim, size in shape.items())
-    ranks = 1
-    for size in shape.values():
-        ranks *= size
-    held = {StrategyName.ddp: "each holds the whole model (DDP replicas)",
-            StrategyName.fsdp1: "FSDP1 shards the model over all of them"}.get(
-        strategy, f"DeepSpeed ZeRO stage {strategy.value[-1]} over all of them")
-    return f"none ({strategy.value}): {ranks} data-parallel rank(s); {held}"
+    if strategy == StrategyName.ddp:
+        held = "each holds the whole model (DDP replicas)"
+    elif strategy == StrategyName.fsdp1:
+        held = "FSDP1 shards the model over all of them"
+    else:
+        held = f"DeepSpeed ZeRO stage {deepspeed_stage(strategy)} over all of them"
+    return f"none ({strategy.value}): {math.prod(shape.values())} data-parallel rank(s); {held}"
 
 
 def register_configs() -> None:

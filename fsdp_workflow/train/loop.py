@@ -307,7 +307,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     prepared = trainee.prepared
     wrapping = f"fully_shard on {ranks.device.type}" if prepared.native_fsdp2 else ranks.accelerator.distributed_type
     log.write(f"strategy {cfg.strategy.name.value} ({wrapping}), {ranks.world} rank(s), mesh "
-              f"{ranks.mesh.dims.describe(cfg.strategy.name)}, {num_params / 1e6:.2f} M parameters, grad_accum {ranks.grad_accum}")
+              f"{ranks.mesh.dims.describe(cfg.strategy.name)}, {num_params / 1e6:.2f} M parameters, "
+              f"grad_accum {ranks.grad_accum}")
     ac = cfg.strategy.activation_checkpointing
     if ac != ActivationCheckpointing.none:
         log.write(f"activation checkpointing {ac.value}: decoder layers {prepared.checkpointed_layers}")

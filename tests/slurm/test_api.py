@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, List
+from typing import Dict, Iterable, List
 
 import pytest
 import submitit
@@ -34,10 +34,15 @@ def _overrides(run_dir: Path, *extra: str) -> List[str]:
     return ["+experiment=smoke", *ph.SMOKE, f"run_dir={run_dir}", *SHORT, *extra]
 
 
+def _listed(ids: Iterable[int]) -> Dict[int, str]:
+    """Those of ``ids`` that squeue still lists (pending, running, completing), with their state code."""
+    ids = set(ids)
+    rows = (line.split() for line in su._run(["squeue", "-h", "-o", "%i %t"]).stdout.splitlines())
+    return {int(i): state for i, state in rows if int(i) in ids}
+
+
 def _queued(ids: Iterable[int]) -> List[int]:
-    """Those of ``ids`` that squeue still lists (pending, running, completing)."""
-    listed = {int(i) for i in su._run(["squeue", "-h", "-o", "%i"]).stdout.split()}
-    return sorted(listed & set(ids))
+    return sorted(_listed(ids))
 
 
 def _still_queued_after(ids: Iterable[int], timeout_s: float = 30.0) -> List[int]:
@@ -46,14 +51,9 @@ def _still_queued_after(ids: Iterable[int], timeout_s: float = 30.0) -> List[int
     Slurm calls a cancelled running job CANCELLED at once, but lists it as completing
     (``CG``) until its processes are gone: that, and only that, may take a moment.
     """
-    ids = set(ids)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        listed = dict(line.split() for line in su._run(["squeue", "-h", "-o", "%i %t"]).stdout.splitlines())
-        left = {int(i): state for i, state in listed.items() if int(i) in ids}
+    while (left := _listed(ids)) and time.monotonic() < deadline:
         assert set(left.values()) <= {"CG"}, left  # cancelled: nothing pending or running any more
-        if not left:
-            return []
         time.sleep(0.5)
     return sorted(left)
 

@@ -20,10 +20,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
 from fsdp_workflow.config.load import compose, to_yaml
+from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.render import render_launch_env
 
@@ -115,7 +116,7 @@ def _process_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     return env
 
 
-def write_scripts(run_dir: Path, cfg: Optional[Any] = None) -> Path:
+def write_scripts(run_dir: Path, cfg: Optional[WorkflowConfig] = None) -> Path:
     """(Re)write ``run_dir``'s config and job scripts, as the CLI would, for ``run_dir``.
 
     ``cfg``: the config to write (default: the one ``config.yaml`` holds).

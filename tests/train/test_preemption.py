@@ -147,7 +147,7 @@ def test_kill_9_during_save_keeps_previous_checkpoint(straight_run: Path, tmp_pa
     assert not (ckpts / "step-20.tmp" / ".metadata").exists()
     assert {p.name: p.read_bytes() for p in (ckpts / "step-10").iterdir()} == before
     assert metrics_steps(run) == list(range(11, 21))  # logged past the last checkpoint, then killed
-    assert _tensorboard_loss_steps(run)[-1] > 10  # TensorBoard had them too: the redo below must replace them
+    assert _tensorboard_loss(run)[-1][0] > 10  # TensorBoard had them too: the redo below must replace them
 
     # Worse still, two newer checkpoints look whole by name but are not: step-15's .metadata
     # is garbled, step-17 has a truncated shard. Both are set aside, never deleted.
@@ -195,10 +195,6 @@ def _tensorboard_loss(run: Path) -> list[tuple[int, float]]:
     acc = EventAccumulator(str(run / "trackers" / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     return [(e.step, e.value) for e in acc.Scalars("loss")]
-
-
-def _tensorboard_loss_steps(run: Path) -> list[int]:
-    return [step for step, _ in _tensorboard_loss(run)]
 
 
 # ---------------------------------------------------------------- Ctrl-C (issue 24, item 3)
