@@ -5,8 +5,8 @@
 Run by ``eval.sbatch`` for each checkpoint (``consolidate.every_checkpoint=true``), or by
 hand. It prints the record it appended (one JSON line, :mod:`fsdp_workflow.evaluate.record`)
 and logs it to the run's experiment trackers. Exit code 0 (``ok`` or ``skipped``), 1 when the
-evaluation failed, 2 for bad arguments or a RUN_DIR without a readable config.yaml
-(nothing is appended then).
+evaluation failed, 2 for bad arguments, a RUN_DIR without a readable config.yaml, or a STEP
+the run never saved (nothing is appended then; the message lists the steps it holds).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.logs import setup_logging
-from fsdp_workflow.evaluate.checkpoint import evaluate_checkpoint
+from fsdp_workflow.evaluate.checkpoint import NoSuchCheckpoint, evaluate_checkpoint
 from fsdp_workflow.evaluate.record import FAILED, append_record, track_result
 from fsdp_workflow.evaluate.run import RunNotReadable, open_run
 
@@ -50,7 +50,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(run.cfg.log_level.value)
-    record = evaluate_checkpoint(run, args.step, os.environ.get("SLURM_JOB_ID"))
+    try:
+        record = evaluate_checkpoint(run, args.step, os.environ.get("SLURM_JOB_ID"))
+    except NoSuchCheckpoint as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     append_record(run, record)
     track_result(run, record)
     print(json.dumps(record, sort_keys=True))

@@ -24,6 +24,37 @@ from .run import EvalRun
 _TAIL = 500  # characters of an error kept in the record
 
 
+class NoSuchCheckpoint(ValueError):
+    """STEP names no checkpoint the run has, had, or set aside: a wrong argument, not a pruned step."""
+
+
+def why_absent(run: EvalRun, step: int) -> str:
+    """Why ``step-STEP`` (and its snapshot) is gone, when the run can explain it.
+
+    An evaluation job queued behind training may find its checkpoint pruned by
+    ``checkpoint.keep_last`` (a newer one exists then), set aside as damaged
+    (``step-N.corrupt``), or removed after the final consolidation
+    (``consolidate.remove_sharded``): the record then says so and the job succeeds.
+    Anything else (a step the run never saved, a typo) is the caller's mistake.
+
+    Raises:
+        NoSuchCheckpoint: naming the steps the run does hold.
+    """
+    layout = run.layout
+    held = [s for s, _ in layout.list_checkpoints()]
+    if any(s > step for s in held):
+        return f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)"
+    name = layout.step_dir(step).name + ".corrupt"
+    if any(p.name == name or p.name.startswith(name + "-") for p in layout.quarantined()):
+        return f"{layout.step_dir(step)} was set aside as damaged ({name}): there is nothing to evaluate"
+    if run.cfg.consolidate.remove_sharded and (layout.hf_model / "verification.json").is_file():
+        return f"{layout.step_dir(step)} was removed after its verified consolidation (consolidate.remove_sharded=true)"
+    holds = ", ".join(f"step-{s}" for s in held) or "no complete checkpoint yet"
+    raise NoSuchCheckpoint(f"{layout.step_dir(step)}: no such checkpoint ({layout.checkpoints} holds {holds}); "
+                           f"give the step of one of them, e.g. `python -m fsdp_workflow.evaluate {layout.root} "
+                           f"{held[-1] if held else 'STEP'}`")
+
+
 def checkpoint_source(run: EvalRun, step: int) -> Optional[Path]:
     """The hard-linked snapshot ``post_checkpoint.sh`` made (immune to pruning), else the checkpoint itself.
 
@@ -50,14 +81,18 @@ def evaluate_checkpoint(run: EvalRun, step: int, job_id: Optional[str] = None) -
 
     Returns:
         The record for ``evals.jsonl``: ``ok`` with the figures, ``skipped`` (checkpoint
-        pruned, no held-out data) or ``failed`` (consolidation failed, data not prepared),
-        with the reason. The snapshot the job read is removed afterwards.
+        pruned, set aside or removed, see :func:`why_absent`; no held-out data) or ``failed``
+        (consolidation failed, data not prepared), with the reason. The snapshot the job
+        read is removed afterwards.
+
+    Raises:
+        NoSuchCheckpoint: the run never had ``step-STEP`` (nothing to record).
     """
     layout, t0 = run.layout, time.time()
     record: EvalRecord = {"step": step, "job_id": job_id}
     src = checkpoint_source(run, step)
     if src is None:
-        record.update(status=SKIPPED, reason=f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)")
+        record.update(status=SKIPPED, reason=why_absent(run, step))
         return record
     models: Dict[str, tuple[Path, Optional[str]]] = {"": (layout.eval_model(step), None)}
     if run.cfg.train.ema_decay is not None:  # two models in one checkpoint: name each one's key root

@@ -109,12 +109,50 @@ def test_the_snapshot_is_read_and_removed_the_checkpoint_kept(run: Path) -> None
     assert not snapshot.exists() and layout.step_dir(EVERY).is_dir()
 
 
-def test_a_pruned_checkpoint_is_skipped_naming_it(run: Path) -> None:
-    before = len(_evals(run))
-    assert main([str(run), "99"]) == 0
-    [record] = _evals(run)[before:]
-    assert record["status"] == "skipped" and f"{RunDir.of(run).step_dir(99)} is gone" in record["reason"]
-    assert "loss" not in record
+def _holding(tmp_path: Path, steps: list[int], overrides: tuple[str, ...] = ()) -> Path:
+    """A run directory whose checkpoints/ holds complete-looking ``step-N`` for ``steps`` (no weights)."""
+    run_dir = make_run_dir(tmp_path / "run", list(overrides), prepare_data=False)
+    for step in steps:
+        RunDir.of(run_dir).step_dir(step).mkdir(parents=True)
+        (RunDir.of(run_dir).step_dir(step) / ".metadata").write_bytes(b"")
+    return run_dir
+
+
+def test_a_checkpoint_pruned_before_the_job_ran_is_skipped_naming_it(tmp_path: Path) -> None:
+    run_dir = _holding(tmp_path, [6, 8])  # keep_last pruned 2 and 4 when 6 and 8 landed
+    assert main([str(run_dir), "4"]) == 0
+    [record] = _evals(run_dir)
+    assert record["status"] == "skipped" and record["reason"] == f"{RunDir.of(run_dir).step_dir(4)} is gone " \
+        "(pruned by keep_last before this job ran)" and "loss" not in record
+
+
+def test_a_checkpoint_set_aside_as_damaged_is_skipped_naming_it(tmp_path: Path) -> None:
+    run_dir = _holding(tmp_path, [4])
+    (RunDir.of(run_dir).checkpoints / "step-6.corrupt-2").mkdir()  # the second set aside at step 6
+    assert main([str(run_dir), "6"]) == 0
+    [record] = _evals(run_dir)
+    assert record["status"] == "skipped" and "set aside as damaged (step-6.corrupt)" in record["reason"]
+
+
+def test_the_final_checkpoint_removed_after_its_consolidation_is_skipped(tmp_path: Path) -> None:
+    run_dir = _holding(tmp_path, [], ("consolidate.remove_sharded=true",))
+    assert main([str(run_dir), "6"]) == 2  # not consolidated yet: nothing explains the absence
+    RunDir.of(run_dir).hf_model.mkdir()
+    (RunDir.of(run_dir).hf_model / "verification.json").write_text("{}")
+    assert main([str(run_dir), "6"]) == 0
+    [record] = _evals(run_dir)
+    assert record["status"] == "skipped" and "consolidate.remove_sharded=true" in record["reason"]
+
+
+def test_a_step_the_run_never_saved_exits_2_listing_the_steps_and_records_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _holding(tmp_path, [3, 6])
+    assert main([str(run_dir), "99"]) == 2  # a typo, not a pruned step: no newer checkpoint exists
+    err = capsys.readouterr().err
+    assert f"{RunDir.of(run_dir).step_dir(99)}: no such checkpoint" in err and "holds step-3, step-6" in err
+    assert f"python -m fsdp_workflow.evaluate {run_dir} 6" in err
+    assert main([str(run_dir), "0"]) == 0  # older than a checkpoint the run holds: pruned, as far as it can tell
+    assert [r["step"] for r in _evals(run_dir)] == [0]  # the refused call appended nothing
 
 
 def test_a_damaged_checkpoint_fails_with_exit_1_and_says_why(run: Path) -> None:
