@@ -54,7 +54,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg = load_run_config(layout.root)
-    except (FileNotFoundError, ValueError, OmegaConfBaseException) as err:  # an unknown key, a bad value
+    except FileNotFoundError as err:  # its message names the path and what to pass instead
+        return _fail(f"{err} Nothing changed.")
+    except (ValueError, OmegaConfBaseException) as err:  # an unknown key, a bad value
         return _fail(f"{layout.config}: {' '.join(str(err).split())}; nothing changed")
     if layout.root.resolve() != Path(cfg.run_dir).expanduser().resolve():
         return _fail(f"{layout.config} says run_dir={cfg.run_dir}, not {layout.root}: edit run_dir back, or plan "

@@ -99,12 +99,11 @@ def to_yaml(cfg: WorkflowConfig) -> str:
 
 def load_run_config(path: str | Path) -> WorkflowConfig:
     """Load a resolved ``config.yaml`` (or a run directory holding one) as a typed config."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CONFIG_FILE
+    given = Path(path)
+    path = given / CONFIG_FILE if given.is_dir() else given
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: no {CONFIG_FILE} here. Pass the run directory written by "
+            f"{given}: {'not found' if path is given else f'no {CONFIG_FILE} here'}. Pass the run directory written by "
             "`python -m fsdp_workflow ... dry_run=true run_dir=DIR` (or its config.yaml)."
         )
     schema = OmegaConf.structured(WorkflowConfig)
