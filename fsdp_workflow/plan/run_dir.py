@@ -175,8 +175,11 @@ def run_dir_problem(run_dir: str) -> Optional[Issue]:
         run_dir: the configured ``run_dir`` (``~`` expanded; relative to the working directory).
 
     Returns:
-        None, or the issue (on key ``run_dir``) saying why the path is refused.
+        None, or the issue (on key ``run_dir``) saying why the path is refused. An empty
+        ``run_dir`` is the schema rule's to refuse (it would name the working directory here).
     """
+    if not str(run_dir).strip():
+        return None
     path = Path(os.path.expanduser(str(run_dir)))
     fix = "run_dir=DIR naming a new directory (it is created), an empty one, or an earlier run of this tool"
     for parent in [path, *path.parents]:  # a file on the way makes every write fail

@@ -64,6 +64,16 @@ def test_a_non_empty_directory_that_is_not_a_run_is_refused_and_untouched(tmp_pa
     assert snapshot(home) == before  # no config, scripts, code/, logs/ or .lock
 
 
+def test_an_empty_run_dir_is_one_problem_and_the_working_directory_is_untouched(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine\n")
+    before = snapshot(tmp_path)
+    res = cli(*SMOKE, "run_dir=", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "found 1 problem" in res.stderr and "every run needs a directory" in res.stderr, res.stderr
+    assert "holds no run of this tool" not in res.stderr  # the working directory is not what was named
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("below", [False, True], ids=["a file", "below a file"])
 def test_a_file_is_refused_without_a_traceback(tmp_path: Path, below: bool) -> None:
     f = tmp_path / "plan.txt"
