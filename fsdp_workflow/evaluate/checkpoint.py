@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from fsdp_workflow.consolidate import ConsolidationError, consolidate
-from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY
+from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, QUARANTINE_SUFFIX, step_name
 from fsdp_workflow.train.heldout import DataError
 
 from .perplexity import Measured, perplexity
@@ -44,12 +44,12 @@ def why_absent(run: EvalRun, step: int) -> str:
     held = [s for s, _ in layout.list_checkpoints()]
     if any(s > step for s in held):
         return f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)"
-    name = layout.step_dir(step).name + ".corrupt"
+    name = layout.step_dir(step).name + QUARANTINE_SUFFIX
     if any(p.name == name or p.name.startswith(name + "-") for p in layout.quarantined()):
         return f"{layout.step_dir(step)} was set aside as damaged ({name}): there is nothing to evaluate"
     if run.cfg.consolidate.remove_sharded and (layout.hf_model / "verification.json").is_file():
         return f"{layout.step_dir(step)} was removed after its verified consolidation (consolidate.remove_sharded=true)"
-    holds = ", ".join(f"step-{s}" for s in held) or "no complete checkpoint yet"
+    holds = ", ".join(step_name(s) for s in held) or "no complete checkpoint yet"
     raise NoSuchCheckpoint(f"{layout.step_dir(step)}: no such checkpoint ({layout.checkpoints} holds {holds}); "
                            f"give the step of one of them, e.g. `python -m fsdp_workflow.evaluate {layout.root} "
                            f"{held[-1] if held else 'STEP'}`")

@@ -99,13 +99,15 @@ def _last_step(layout: RunDir) -> Optional[int]:
     return found[-1][0] if found else None
 
 
-def finished_message(layout: RunDir, max_steps: int, consolidates: bool) -> Tuple[Optional[str], int]:
+def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
+                     nothing: str = "Nothing submitted.") -> Tuple[Optional[str], int]:
     """Whether the run in ``layout`` is already done, or its old model would fail a continuation.
 
     Args:
         layout: the run directory's layout.
         max_steps: ``train.max_steps`` of the config about to run.
         consolidates: whether the chain ends with a consolidation job.
+        nothing: what the message says was not done (the local launcher: nothing run).
 
     Returns:
         ``(None, 0)`` to submit; ``(message, 0)`` for a complete run (nothing to submit);
@@ -116,7 +118,7 @@ def finished_message(layout: RunDir, max_steps: int, consolidates: bool) -> Tupl
     if consolidates and model.is_dir():
         if last is None or last >= max_steps:
             return (f"this run is complete (trained to step {last if last is not None else '?'} of "
-                    f"train.max_steps={max_steps}); the model is in {model}. Nothing submitted. To train further, "
+                    f"train.max_steps={max_steps}); the model is in {model}. {nothing} To train further, "
                     "plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest "
                     "checkpoint)."), 0
         aside = shlex.join(["mv", str(model), f"{model}.step-{last}"])
@@ -124,7 +126,7 @@ def finished_message(layout: RunDir, max_steps: int, consolidates: bool) -> Tupl
                 f"the consolidation never overwrites it. Move it aside first: {aside}; nothing submitted."), 2
     if not consolidates and last is not None and last >= max_steps:
         return (f"this run is complete (trained to step {last} of train.max_steps={max_steps}; checkpoints in "
-                f"{layout.checkpoints}). Nothing submitted."), 0
+                f"{layout.checkpoints}). {nothing}"), 0
     return None, 0
 
 

@@ -43,6 +43,7 @@ from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
+from fsdp_workflow.launch.chain_guard import finished_message
 from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import runtime_argv
@@ -240,6 +241,14 @@ def _this_python(argv: List[str]) -> List[str]:
 def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     """:func:`run_local` once the lock is held."""
     layout = plan.layout
+    # The same command again after the run ended: nothing to train, and a merge (hours and the
+    # model's size in RAM on a large model) that would only rewrite the same verified weights.
+    # (A model of an earlier, shorter run is replaced here: the local consolidation runs with --overwrite.)
+    done, rc = finished_message(layout, plan.max_steps, consolidate and plan.consolidate_argv is not None,
+                                nothing="Nothing run.")
+    if done and rc == 0:
+        print(f"[fsdp_workflow] {done}")
+        return 0
     env = _as_if_activated(dict(os.environ))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(free_port())

@@ -104,6 +104,32 @@ def test_ctrl_c_during_prepare_exits_130_with_what_to_do(child: str, tmp_path: P
     assert not (plan.run_dir / "checkpoints").exists() or not any((plan.run_dir / "checkpoints").iterdir())
 
 
+@pytest.mark.parametrize("trained_to", ["max_steps", "fewer"])
+def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_path: Path, monkeypatch,
+                                                           capfd) -> None:
+    """A finished run with its model is not trained or merged again; an earlier, shorter run's model is replaced."""
+    import dataclasses
+
+    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    last = plan.max_steps if trained_to == "max_steps" else plan.max_steps // 2
+    (plan.layout.step_dir(last)).mkdir(parents=True)
+    (plan.layout.step_dir(last) / ".metadata").write_bytes(b"")
+    plan.layout.hf_model.mkdir()
+    ran, merged = tmp_path / "ran", tmp_path / "merged"
+    fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    plan = dataclasses.replace(plan, prepare_argv=None, consolidate_ema_argv=None, card_argv=None,
+                               consolidate_argv=["python", "-c", f"open({str(merged)!r}, 'w')"])
+    assert run_local(plan, consolidate=True) == 0
+    out = capfd.readouterr().out
+    if trained_to == "max_steps":
+        assert f"this run is complete (trained to step {last} of train.max_steps={last}); the model is in " \
+               f"{plan.layout.hf_model}. Nothing run." in out, out
+        assert not ran.exists() and not merged.exists()
+    else:  # the local consolidation overwrites (--overwrite) once the longer run's model is verified
+        assert "complete" not in out and ran.exists() and merged.exists()
+
+
 # ---------------------------------------------------------------- one run per run directory (issue 24, item 4)
 HOLD = """import sys, time
 from fsdp_workflow.core.lock import acquire
@@ -168,10 +194,15 @@ def test_two_local_runs_on_one_run_dir_the_second_is_refused_the_first_finishes(
     assert took < 60, took
     assert first.returncode == 0, log_text(run)[-3000:]
     assert metrics_steps(run) == list(range(1, 13))
-    # Released when the run ended: the same command plans again (a dry run, to submit nothing).
-    again = subprocess.run(cli_argv(run, [*args, "dry_run=true"]), env=_process_env(), cwd=tmp_path,
+    # Released when the run ended: the same command runs again, finds the run complete and trains nothing.
+    train_log = run / "logs" / "train-local.log"
+    logged = train_log.read_bytes()
+    again = subprocess.run(cli_argv(run, args), env=_process_env(), cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "this run is complete (trained to step 12 of train.max_steps=12" in again.stdout, again.stdout
+    assert "Nothing run." in again.stdout and "training:" not in again.stdout + again.stderr
+    assert train_log.read_bytes() == logged and metrics_steps(run) == list(range(1, 13))
 
 
 @pytest.mark.slow
