@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.record import open_run
+from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.render import TERMINAL_STATES
 
@@ -99,34 +100,54 @@ def _last_step(layout: RunDir) -> Optional[int]:
     return found[-1][0] if found else None
 
 
+def _further(layout: RunDir, last: Optional[int], local: bool, model: bool) -> str:
+    """How to train this run further: the override words to add, pasteable."""
+    hf_model = layout.hf_model
+    if last is None:
+        return ("Its checkpoints were removed after the consolidation, so it cannot be continued; a longer run "
+                "starts from its model in a new run_dir: "
+                f"{shell(['model.init=pretrained', f'model.name_or_path={hydra_value(str(hf_model))}'])}.")
+    how = ("To train further: the same command with a larger train.max_steps and "
+           f"{shell([f'checkpoint.resume={hydra_value(str(layout.step_dir(last)))}'])}")
+    if not model:
+        return how + "."
+    if local:
+        return how + "; the longer run's model replaces this one once it is verified."
+    return how + f", after moving this model aside ({shell(['mv', str(hf_model), f'{hf_model}.step-{last}'])})."
+
+
 def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
-                     nothing: str = "Nothing submitted.") -> Tuple[Optional[str], int]:
+                     local: bool = False) -> Tuple[Optional[str], int]:
     """Whether the run in ``layout`` is already done, or its old model would fail a continuation.
 
     Args:
         layout: the run directory's layout.
         max_steps: ``train.max_steps`` of the config about to run.
         consolidates: whether the chain ends with a consolidation job.
-        nothing: what the message says was not done (the local launcher: nothing run).
+        local: for the local launcher, which runs nothing (rather than submitting nothing),
+            and whose consolidation replaces a model of an earlier, shorter run.
 
     Returns:
-        ``(None, 0)`` to submit; ``(message, 0)`` for a complete run (nothing to submit);
-        ``(message, 2)`` for a model of an earlier, shorter run that must be moved first.
+        ``(None, 0)`` to go on; ``(message, 0)`` for a complete run (nothing to do);
+        ``(message, 2)`` for a model of an earlier, shorter run that must be moved first
+        (never for ``local``).
     """
     last = _last_step(layout)
     model = layout.hf_model
+    nothing = "Nothing run." if local else "Nothing submitted."
     if consolidates and model.is_dir():
         if last is None or last >= max_steps:
             return (f"this run is complete (trained to step {last if last is not None else '?'} of "
-                    f"train.max_steps={max_steps}); the model is in {model}. {nothing} To train further, "
-                    "plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest "
-                    "checkpoint)."), 0
+                    f"train.max_steps={max_steps}); the model is in {model}. {nothing} "
+                    f"{_further(layout, last, local, model=True)}"), 0
+        if local:
+            return None, 0
         aside = shlex.join(["mv", str(model), f"{model}.step-{last}"])
         return (f"{model} holds the model of an earlier, shorter run (step {last} of train.max_steps={max_steps}); "
                 f"the consolidation never overwrites it. Move it aside first: {aside}; nothing submitted."), 2
     if not consolidates and last is not None and last >= max_steps:
         return (f"this run is complete (trained to step {last} of train.max_steps={max_steps}; checkpoints in "
-                f"{layout.checkpoints}). {nothing}"), 0
+                f"{layout.checkpoints}). {nothing} {_further(layout, last, local, model=False)}"), 0
     return None, 0
 
 

@@ -244,9 +244,9 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     # The same command again after the run ended: nothing to train, and a merge (hours and the
     # model's size in RAM on a large model) that would only rewrite the same verified weights.
     # (A model of an earlier, shorter run is replaced here: the local consolidation runs with --overwrite.)
-    done, rc = finished_message(layout, plan.max_steps, consolidate and plan.consolidate_argv is not None,
-                                nothing="Nothing run.")
-    if done and rc == 0:
+    done, _ = finished_message(layout, plan.max_steps, consolidate and plan.consolidate_argv is not None,
+                               local=True)
+    if done:
         print(f"[fsdp_workflow] {done}")
         return 0
     env = _as_if_activated(dict(os.environ))

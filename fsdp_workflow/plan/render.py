@@ -503,8 +503,8 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
             f'  if [ -z "$last" ] || [ "$last" -ge {plan.max_steps} ]; then',
             f'    echo "submit.sh: this run is complete (trained to step ${{last:-?}} of train.max_steps='
             f'{plan.max_steps}); the model is in {_dq(str(layout.hf_model))}. Nothing submitted. To train '
-            'further, plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest '
-            'checkpoint)."',
+            'further: plan it again with a larger train.max_steps and checkpoint.resume='
+            f'{_dq(str(layout.checkpoints))}/{STEP_PREFIX}${{last:-N}}, after moving this model aside."',
             "    exit 0",
             "  fi",
             f'  echo "submit.sh: {_dq(str(layout.hf_model))} holds the model of an earlier, shorter run (step $last '
@@ -518,7 +518,8 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
         lines += [
             f'if [ -n "$last" ] && [ "$last" -ge {plan.max_steps} ]; then',
             f'  echo "submit.sh: this run is complete (trained to step $last of train.max_steps={plan.max_steps}; '
-            f'checkpoints in {_dq(str(layout.checkpoints))}). Nothing submitted."',
+            f'checkpoints in {_dq(str(layout.checkpoints))}). Nothing submitted. To train further: plan it again with a '
+            f'larger train.max_steps and checkpoint.resume={_dq(str(layout.checkpoints))}/{STEP_PREFIX}$last."',
             "  exit 0",
             "fi",
         ]

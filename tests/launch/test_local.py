@@ -125,6 +125,8 @@ def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_
     if trained_to == "max_steps":
         assert f"this run is complete (trained to step {last} of train.max_steps={last}); the model is in " \
                f"{plan.layout.hf_model}. Nothing run." in out, out
+        assert f"a larger train.max_steps and checkpoint.resume={plan.layout.step_dir(last)}; the longer run's " \
+               "model replaces this one" in out, out
         assert not ran.exists() and not merged.exists()
     else:  # the local consolidation overwrites (--overwrite) once the longer run's model is verified
         assert "complete" not in out and ran.exists() and merged.exists()

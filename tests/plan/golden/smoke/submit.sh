@@ -21,7 +21,7 @@ fi
 last=$(ls "$RUN_DIR/checkpoints" 2>/dev/null | sed -n "s/^step-\([0-9][0-9]*\)$/\1/p" | sort -n | tail -n 1) || last=""
 if [ -d /runs/smoke/hf_model ]; then
   if [ -z "$last" ] || [ "$last" -ge 30 ]; then
-    echo "submit.sh: this run is complete (trained to step ${last:-?} of train.max_steps=30); the model is in /runs/smoke/hf_model. Nothing submitted. To train further, plan it again with a larger train.max_steps (checkpoint.resume=auto continues from the newest checkpoint)."
+    echo "submit.sh: this run is complete (trained to step ${last:-?} of train.max_steps=30); the model is in /runs/smoke/hf_model. Nothing submitted. To train further: plan it again with a larger train.max_steps and checkpoint.resume=/runs/smoke/checkpoints/step-${last:-N}, after moving this model aside."
     exit 0
   fi
   echo "submit.sh: /runs/smoke/hf_model holds the model of an earlier, shorter run (step $last of train.max_steps=30); the consolidation never overwrites it. Move it aside first: mv /runs/smoke/hf_model /runs/smoke/hf_model.step-$last; nothing submitted" >&2
