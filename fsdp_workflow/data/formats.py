@@ -79,7 +79,11 @@ def parse_json_line(line: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as err:
-        raise BadRecord(f"not valid JSON ({err.msg} at column {err.colno})") from err
+        # One JSON line: an error past its end (a line cut off) is at the column after its last character;
+        # json itself would count the kept newline and say "line 2, column 1".
+        column = min(err.pos, len(line.rstrip("\r\n"))) + 1
+        msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg  # "Invalid control character at"
+        raise BadRecord(f"not valid JSON ({msg} at column {column})") from err
 
 
 def _get_str(record: Mapping[str, Any], key: str, canonical: str, required: bool = True) -> str:

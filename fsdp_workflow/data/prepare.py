@@ -244,7 +244,7 @@ def _bad_report(bad: List[Tuple[str, int, str]], hints: Sequence[str]) -> str:
     lines = [f"  {f}:{line}: {why}" for f, line, why in bad[:MAX_BAD_SHOWN]]
     more = f"\n  ... and {len(bad) - MAX_BAD_SHOWN} more" if len(bad) > MAX_BAD_SHOWN else ""
     return (f"{len(bad)} bad record(s):\n" + "\n".join(lines) + more +
-            f"\nFix the data, {' / '.join(dict.fromkeys(hints))}, or set data.on_bad_record=skip to leave "
+            f"\nFix the data{''.join(', ' + h for h in dict.fromkeys(hints))}, or set data.on_bad_record=skip to leave "
             "them out (they are counted in the cache's meta.json).")
 
 
@@ -354,9 +354,11 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
                         tokenizer, workers, progress, file_index) if eval_files else None)
     bad = [b for docs in read for b in docs.bad] + (held.bad if held else [])
     if bad and d.on_bad_record == OnBadRecord.fail:
-        bad_files = {f for f, _, _ in bad}
-        hints = [_fix_hint(src) for src, fs in per_files if bad_files & set(fs)]
-        raise DataError(_bad_report(bad, hints or [_fix_hint(sources[0])]))
+        # The field-mapping hint only where a record lacks its fields: a bad byte or a cut-off line
+        # is fixed in the data, and plain text files have no fields to name.
+        field_files = {f for f, _, why in bad if why.startswith(("no field", "field ", "message "))}
+        hints = [_fix_hint(src) for src, fs in per_files if field_files & set(fs)]
+        raise DataError(_bad_report(bad, hints or ([_fix_hint(sources[0])] if field_files else [])))
     plan = _mix(cfg, sources, read, held)
 
     root.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ class BadPayload:
     """A record the reader could not even hand over (not UTF-8, too large); the worker lists it as bad."""
 
     reason: str
+    lines_in: int = 0  # the bad byte lies this many lines below the record's first line (a text block)
 
 
 # A chunk: (file, [(line, payload)]). The payload is a text block (text), a raw
@@ -105,12 +106,14 @@ def describe_files(source: DataSource, files: Sequence[str]) -> List[SourceFile]
 
 
 def _decode(raw: bytes) -> Any:
-    """``raw`` as text, or a :class:`BadPayload` saying where it is not UTF-8."""
+    """``raw`` as text, or a :class:`BadPayload` saying where it is not UTF-8 (the column within its line)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        return BadPayload(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1} ({err.reason}). "
-                          "Re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        return BadPayload(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {column} ({err.reason}). "
+                          "Re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                          lines_in=raw.count(b"\n", 0, err.start))
 
 
 def _too_large(size: int) -> BadPayload:
@@ -130,7 +133,9 @@ def _text_blocks(f: str) -> Iterator[Tuple[int, Any]]:
         if stripped:
             lead = block[: len(block) - len(block.lstrip())]
             at = line + lead.count(b"\n")
-            yield at, (_too_large(len(stripped)) if len(stripped) > MAX_RECORD_BYTES else _decode(stripped))
+            payload = _too_large(len(stripped)) if len(stripped) > MAX_RECORD_BYTES else _decode(stripped)
+            # a bad byte is named by its own line (file:LINE), not by the line its block starts on
+            yield at + (payload.lines_in if isinstance(payload, BadPayload) else 0), payload
         line += block.count(b"\n") + 2
 
 

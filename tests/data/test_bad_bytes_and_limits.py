@@ -47,6 +47,25 @@ def test_undecodable_text_block_is_a_bad_record(tmp_path: Path) -> None:
         prepare(cfg, num_workers=1, progress=False)
 
 
+def test_a_bad_byte_inside_a_multi_line_text_block_is_named_by_its_own_line(tmp_path: Path) -> None:
+    f = tmp_path / "c.txt"
+    f.write_bytes(b"intro\n\nline one ok\nline two \xff bad\nline three\n")  # the block starts on line 3
+    cfg = make_cfg(tmp_path / "run", source=DataSource.text, path=str(f), eval_fraction=0.0)
+    with pytest.raises(DataError, match=r"c\.txt:4: not UTF-8: byte 0xff at column 10 ") as err:
+        prepare(cfg, num_workers=1, progress=False)
+    assert "Fix the data, or set data.on_bad_record=skip" in str(err.value)  # plain text has no fields to name
+
+
+def test_a_cut_off_json_line_is_named_at_its_end(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path, [GOOD, b'{"text": "cut off\n', GOOD])
+    cfg = make_cfg(tmp_path / "run", source=DataSource.jsonl, path=str(path), eval_fraction=0.0)
+    with pytest.raises(DataError, match=r"d\.jsonl:2: not valid JSON \(Invalid control character at column 18\)"):
+        prepare(cfg, num_workers=1, progress=False)
+    path.write_bytes(GOOD + b'{"text"\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: not valid JSON \(Expecting ':' delimiter at column 8\)"):
+        prepare(cfg, num_workers=1, progress=False)
+
+
 def test_prepare_cli_exits_2_on_bad_bytes_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from omegaconf import OmegaConf
 
