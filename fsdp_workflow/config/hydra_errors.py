@@ -52,6 +52,24 @@ def _missing_option_message(text: str) -> str:
     return "\n".join(ln.replace("\t", "  ") for ln in lines if ln.strip())
 
 
+def _unknown_key_message(err: BaseException, chain: List[BaseException]) -> Optional[str]:
+    """An unknown key in a config file, as the command line's is reported: the key, why, the likely fix."""
+    from omegaconf.errors import ConfigKeyError
+
+    from fsdp_workflow.config.keys import check_key
+
+    for e in chain:
+        key = getattr(e, "full_key", None)
+        if isinstance(e, ConfigKeyError) and key:
+            issue = check_key(str(key))
+            if issue is None:
+                return None
+            first = str(err).strip().split("\n", 1)[0]
+            where = first.split(":", 1)[0] if first.startswith("In '") else "In a config file"
+            return f"{where}: {issue.key}\n  why: {issue.why}\n  fix: {issue.fix} (in that file)"
+    return None
+
+
 def describe(err: BaseException) -> str:
     """The lines (without a heading) that say what is wrong with the composed config and where.
 
@@ -72,6 +90,9 @@ def describe(err: BaseException) -> str:
             return _yaml_message(e)
     if isinstance(err, MissingConfigException):
         return _missing_option_message(str(err))
+    unknown = _unknown_key_message(err, chain)
+    if unknown is not None:
+        return unknown
     parts = [str(err).strip()]
     for e in chain[1:]:
         text = "\n".join(ln for ln in str(e).strip().split("\n")

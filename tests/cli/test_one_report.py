@@ -42,6 +42,18 @@ def test_a_yaml_syntax_error_names_the_file_and_line(user_conf: Path, tmp_path: 
     assert not run.exists()
 
 
+def test_an_unknown_key_in_a_users_experiment_file_is_named_with_the_likely_fix(user_conf: Path,
+                                                                                 tmp_path: Path) -> None:
+    (user_conf / "experiment" / "typo.yaml").write_text("# @package _global_\ntrain:\n  max_stepz: 5\n")
+    res = cli(f"hydra.searchpath=[file://{user_conf}]", "+experiment=typo", "dry_run=true",
+              f"run_dir={tmp_path / 'run'}")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "fsdp_workflow: invalid config", "  In 'experiment/typo': train.max_stepz",
+        "    why: unknown key: 'train' has no 'max_stepz'", "    fix: did you mean train.max_steps? (in that file)"]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("how", [("log_level=DEBUG",), ("HYDRA_FULL_ERROR=1",)], ids=lambda h: h[0])
 def test_the_traceback_only_when_asked_for(user_conf: Path, tmp_path: Path, how) -> None:
     extra = [how[0]] if how[0].startswith("log_level") else []
