@@ -10,6 +10,8 @@ only when the user asked for it (``log_level=DEBUG`` or ``HYDRA_FULL_ERROR=1``).
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import List, Optional
 
 _HIDDEN_OPTION_SUFFIX = "_schema"  # the typed schemas registered in each group: not something to select
@@ -70,6 +72,28 @@ def _unknown_key_message(err: BaseException, chain: List[BaseException]) -> Opti
     return None
 
 
+_CONVERT = re.compile(r"Value '(?P<value>.*)' of type '\w+' could not be converted to (?P<kind>\w+)")
+_CHOICE = re.compile(r"Invalid value '(?P<value>.*)', expected one of \[(?P<options>.*)\]")
+
+
+def _bad_choice_message(chain: List[BaseException]) -> Optional[str]:
+    """A value outside an enum's options (``strategy.name=fsdp3``): the key, the options, the closest one."""
+    for e in chain:
+        key = getattr(e, "full_key", None)
+        found = _CHOICE.search(str(e))
+        if key and found and found["value"] != "$VALUE":
+            options = [o.strip() for o in found["options"].split(",") if o.strip()]
+            close = difflib.get_close_matches(found["value"], options, n=1, cutoff=0.5)
+            fix = f"{key}={close[0]} (the closest)" if close else f"{key}={options[0]} (or another of these)"
+            return f"{key} = {found['value']!r}\n  why: not one of {', '.join(options)}\n  fix: {fix}"
+        found = _CONVERT.search(str(e))
+        if key and found and found["value"] != "$VALUE":
+            kind = found["kind"].lower()
+            return (f"{key} = {found['value']!r}\n  why: not {'an' if kind[0] in 'aeiou' else 'a'} {kind}\n"
+                    f"  fix: {key}=<{kind}>")
+    return None
+
+
 def describe(err: BaseException) -> str:
     """The lines (without a heading) that say what is wrong with the composed config and where.
 
@@ -90,13 +114,18 @@ def describe(err: BaseException) -> str:
             return _yaml_message(e)
     if isinstance(err, MissingConfigException):
         return _missing_option_message(str(err))
+    choice = _bad_choice_message(chain)
+    if choice is not None:
+        first = str(err).strip().split("\n", 1)[0]
+        return (first.split(":", 1)[0] + ": " if first.startswith("In '") else "") + choice  # the file, if one
     unknown = _unknown_key_message(err, chain)
     if unknown is not None:
         return unknown
     parts = [str(err).strip()]
     for e in chain[1:]:
         text = "\n".join(ln for ln in str(e).strip().split("\n")
-                         if not ln.strip().startswith(("reference_type=", "object_type=")))
+                         if not ln.strip().startswith(("reference_type=", "object_type="))
+                         and "$VALUE" not in ln and "$KEY" not in ln)  # OmegaConf's unformatted templates
         if text and text not in parts[-1]:
             parts.append(text)
     return "\n".join(parts)

@@ -91,3 +91,17 @@ def test_an_unknown_plus_key_is_reported_with_the_others(tmp_path: Path) -> None
               f"run_dir={tmp_path / 'run'}")
     assert res.returncode == 2 and "found 2 problems" in res.stderr, res.stderr
     assert "train.max_stepz" in res.stderr and "train.micro_batch_size" in res.stderr
+
+
+@pytest.mark.parametrize("override, lines", [
+    ("strategy.name=zero3", ["strategy.name = 'zero3'", "why: not one of fsdp2, fsdp1, ddp, deepspeed_zero1, "
+                             "deepspeed_zero2, deepspeed_zero3", "fix: strategy.name=deepspeed_zero3 (the closest)"]),
+    ("hydra.mode=BOGUS", ["hydra.mode = 'BOGUS'", "why: not one of RUN, MULTIRUN",
+                          "fix: hydra.mode=RUN (or another of these)"]),
+    ("train.max_steps=abc", ["train.max_steps = 'abc'", "why: not an integer", "fix: train.max_steps=<integer>"]),
+])
+def test_a_value_of_the_wrong_kind_is_one_issue_with_its_fix(override: str, lines: list, tmp_path: Path) -> None:
+    res = cli("+experiment=smoke", override, "dry_run=true", f"run_dir={tmp_path / 'run'}")
+    assert res.returncode == 2, res.stderr
+    assert [ln.strip() for ln in res.stderr.strip().splitlines()] == ["fsdp_workflow: invalid config", *lines]
+    assert not (tmp_path / "run").exists()
