@@ -93,8 +93,40 @@ def to_typed_collecting(cfg: DictConfig) -> Tuple[WorkflowConfig, List["Issue"]]
 
 
 def to_yaml(cfg: WorkflowConfig) -> str:
-    """Serialise a typed config back to YAML (enums as their names)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """Serialise a typed config back to YAML (enums as their names).
+
+    The bytes are OmegaConf's (``OmegaConf.to_yaml(OmegaConf.structured(cfg))``, with its
+    YAML dumper, so ``config.yaml`` and its recorded sha256 are unchanged) but the
+    dataclasses are walked directly: building the OmegaConf tree first cost about 50 ms
+    per call, and a plan serialises its config two to four times.
+    ``tests/config/test_to_yaml.py`` holds the two equal on every experiment.
+    """
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    return yaml.dump(_plain(cfg), Dumper=get_omega_conf_dumper(), default_flow_style=False, allow_unicode=True,
+                     sort_keys=False)
+
+
+def _plain(value: object, hint: object = None) -> object:
+    """``value`` as OmegaConf's container would hold it: dicts, lists, enum names, floats where declared."""
+    import dataclasses
+    from enum import Enum
+
+    from fsdp_workflow.config.schema import field_hints
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        hints = field_hints(type(value))
+        return {f.name: _plain(getattr(value, f.name), hints.get(f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and hint in (float, Optional[float]):
+        return float(value)  # a FloatNode holds a float: 1 is written 1.0
+    return value
 
 
 def load_run_config(path: str | Path) -> WorkflowConfig:
