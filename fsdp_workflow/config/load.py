@@ -8,6 +8,8 @@ every step sees exactly what was validated.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
@@ -170,6 +172,36 @@ def _names_config(override: str) -> bool:
     return key is not None and not (key.startswith("hydra.") or key == "hydra" or key in _RUN_LEVEL_KEYS)
 
 
+# A home-relative path as a whole override value, bare or quoted: ~/x, ~user/x, "~/x". Not a sweep (a,b),
+# not a list, not a bare ~.
+_HOME_VALUE = re.compile(r"""^(?:(?P<path>~[A-Za-z0-9_.-]*/[^,\s'"\[\]{}()=\\]*)"""
+                         r"""|(?P<q>['"])(?P<quoted>~[A-Za-z0-9_.-]*/[^'"\\]*)(?P=q))$""")
+
+
+def expand_home(override: str) -> str:
+    """``key=~/x`` with the home directory spelled out, as a shell would for ``run_dir=~/x``.
+
+    Hydra's grammar refuses a bare ``~`` at the start of a value (a lexer error that
+    names no key), and a quoted one reaches the config as a literal ``~``: Hydra then
+    made a directory named ``~`` in the working directory for ``run_dir="~/x"``, the
+    one ``rm -rf ~`` would later be typed to remove. Flags and ``hydra.*`` keys are
+    left as they are; so is anything but a single path (a sweep ``a,b``, a list).
+    """
+    key, sep, value = override.partition("=")
+    if not sep or override.startswith("-") or key.lstrip("+~").startswith("hydra"):
+        return override
+    found = _HOME_VALUE.match(value.strip())
+    if found is None:
+        return override
+    path = found["path"] or found["quoted"]
+    expanded = os.path.expanduser(path)
+    if expanded == path:  # ~nosuchuser/...: left for Hydra (and the rules) to report
+        return override
+    from fsdp_workflow.core.commands import hydra_value
+
+    return f"{key}={hydra_value(expanded)}"
+
+
 def normalize_overrides(overrides: Sequence[str]) -> List[str]:
     """Spell the experiment override one way and pick the default experiment.
 
@@ -181,6 +213,7 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
       so smoke's CPU/tiny values never leak into a hand-composed run.
     - ``hydra.mode=MULTIRUN`` is ``--multirun`` (and ``hydra.mode=RUN`` the default), so a
       sweep asked for either way gets the same per-point run directories and checks.
+    - A path value starting with ``~/`` is spelled out (:func:`expand_home`).
     """
     out: List[str] = []
     multirun = False
@@ -194,7 +227,7 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
             o = o[1:]
         if o.startswith("experiment=") and o.split("=", 1)[1].strip().lower() in ("null", "none", "~", ""):
             o = "~experiment"
-        out.append(o)
+        out.append(expand_home(o))
     if not any(_names_config(o) for o in out):
         out.insert(0, f"experiment={DEFAULT_EXPERIMENT}")  # before any flag: argparse wants overrides together
     if multirun and not any(o in ("-m", "--multirun") for o in out):

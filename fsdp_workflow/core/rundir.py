@@ -176,7 +176,7 @@ class RunDir:
     """Every path of one run directory.
 
     Args:
-        root: the run directory (made absolute).
+        root: the run directory (``~`` expanded, made absolute, as for the two below).
         log_dir: ``cluster.log_dir`` when set; job logs go there instead of ``RUN_DIR/logs``.
         output_dir: ``consolidate.output_dir`` when set; the model goes there instead of ``RUN_DIR/hf_model``.
     """
@@ -186,7 +186,7 @@ class RunDir:
     output_dir: Optional[Path] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(os.path.abspath(self.root)))
+        object.__setattr__(self, "root", Path(os.path.abspath(os.path.expanduser(str(self.root)))))
         for name in ("log_dir", "output_dir"):
             value = getattr(self, name)
             if value is not None:

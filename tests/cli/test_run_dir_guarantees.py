@@ -74,6 +74,31 @@ def test_an_empty_run_dir_is_one_problem_and_the_working_directory_is_untouched(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("spelled", ["run_dir=~/runs/r", 'run_dir="~/runs/r"'], ids=["bare", "quoted"])
+def test_a_run_dir_under_home_is_planned_there_and_no_directory_named_tilde_appears(spelled: str,
+                                                                                  tmp_path: Path) -> None:
+    """``~`` is the home directory: before, Hydra refused the bare form and made ``./~/runs/r`` of the quoted one."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    res = cli(*SMOKE, spelled, cwd=cwd, env={"HOME": str(home)})
+    assert res.returncode == 0, res.stderr
+    assert f"dry run: wrote {home / 'runs' / 'r'} (" in res.stdout, res.stdout
+    assert (home / "runs" / "r" / "config.yaml").is_file() and list(cwd.iterdir()) == []
+    assert f"run_dir: {home / 'runs' / 'r'}\n" in (home / "runs" / "r" / "config.yaml").read_text()
+
+
+def test_only_a_single_home_path_is_spelled_out() -> None:
+    from fsdp_workflow.config.load import expand_home
+
+    home = os.path.expanduser("~")
+    assert expand_home("data.path=~/d.jsonl") == f"data.path={home}/d.jsonl"
+    assert expand_home("run_dir='~/a b'") == f"run_dir='{home}/a b'"
+    for kept in ("experiment=~", "run_dir=~", "run_dir=~/a,~/b", "hydra.run.dir=~/x", "name=~x", "--cfg",
+                 "run_dir=~no_such_user_here/x"):
+        assert expand_home(kept) == kept
+
+
 @pytest.mark.parametrize("below", [False, True], ids=["a file", "below a file"])
 def test_a_file_is_refused_without_a_traceback(tmp_path: Path, below: bool) -> None:
     f = tmp_path / "plan.txt"

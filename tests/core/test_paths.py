@@ -58,3 +58,12 @@ def test_planner_uses_the_shared_rule(tmp_path: Path) -> None:
         found = problems(out)
         assert len(found) == 1 and word in found[0] and str(run / "checkpoints") in found[0], found
     assert problems(tmp_path / "model") == []
+
+
+def test_a_run_directory_under_home_is_laid_out_there(monkeypatch, tmp_path) -> None:
+    """A config.yaml (or an API caller) may spell run_dir with ~: every path hangs off the home directory."""
+    from fsdp_workflow.core.rundir import RunDir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    layout = RunDir.of("~/runs/r", log_dir="~/logs", output_dir="~/model")
+    assert (layout.root, layout.logs, layout.hf_model) == (tmp_path / "runs/r", tmp_path / "logs", tmp_path / "model")
