@@ -240,7 +240,8 @@ def resolve(src: Path, *, step: int | None = None, average_last: int | None = No
     if not src.exists():
         raise ConsolidationError(f"{src}: source path does not exist")
     if not src.is_dir():
-        raise ConsolidationError(f"{src}: source must be a checkpoint directory, not a file")
+        hint = f"; give its directory: {src.parent}" if _is_dcp(src.parent) or _steps_in(src.parent / CHECKPOINTS_DIR) else ""
+        raise ConsolidationError(f"{src}: source must be a checkpoint directory, not a file{hint}")
     container: Path | None = None
     layout: str | None = None
     if _steps_in(src / CHECKPOINTS_DIR) and not _is_dcp(src):

@@ -139,9 +139,16 @@ def test_bad_argument_is_exit_2_with_message(tiny_run, tmp_path, capsys, extra, 
 
 def test_bad_paths_are_exit_2(tiny_run, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "r").mkdir()  # a run directory: its checkpoints/ and a file beside them
+    (tmp_path / "r" / "checkpoints").symlink_to(tiny_run / "checkpoints")
+    (tmp_path / "r" / "config.yaml").write_text("x")
     cases = [
         ([str(tmp_path / "nope"), str(tmp_path / "o")], "does not exist"),
-        ([str(tmp_path / "afile"), str(tmp_path / "o")], "not a file"),
+        ([str(tmp_path / "afile"), str(tmp_path / "o")], "not a file$"),
+        ([str(tiny_run / "checkpoints" / "step-4" / ".metadata"), str(tmp_path / "o")],
+         f"not a file; give its directory: {re.escape(str(tiny_run / 'checkpoints' / 'step-4'))}$"),
+        ([str(tmp_path / "r" / "config.yaml"), str(tmp_path / "o")],
+         f"not a file; give its directory: {re.escape(str(tmp_path / 'r'))}$"),
         ([str(tiny_run), str(tmp_path)], "OUT exists and is not a model written by this tool"),
         ([str(tiny_run), str(tmp_path / "afile" / "o")], "afile is a file, not a directory"),
         ([str(tiny_run / "checkpoints" / "step-4"), str(tmp_path / "o"), "--step", "2"],
@@ -149,7 +156,7 @@ def test_bad_paths_are_exit_2(tiny_run, tmp_path, capsys):
     ]
     for argv, message in cases:
         rc, _, err = _cli(argv, capsys)
-        assert rc == 2 and err.startswith("error: ") and re.search(message, err), (argv, err)
+        assert rc == 2 and err.startswith("error: ") and re.search(message, err.strip(), re.M), (argv, err)
 
 
 def test_several_mistakes_are_reported_together(tiny_run, tmp_path, capsys):
