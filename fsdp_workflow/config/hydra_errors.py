@@ -54,6 +54,12 @@ def _missing_option_message(text: str) -> str:
     return "\n".join(ln.replace("\t", "  ") for ln in lines if ln.strip())
 
 
+def _config_file(err: BaseException) -> Optional[str]:
+    """``In 'experiment/x'``: the config file Hydra names when composing it failed; None for an override."""
+    first = str(err).strip().split("\n", 1)[0]
+    return first.split(":", 1)[0] if first.startswith("In '") else None
+
+
 def _unknown_key_message(err: BaseException, chain: List[BaseException]) -> Optional[str]:
     """An unknown key in a config file, as the command line's is reported: the key, why, the likely fix."""
     from omegaconf.errors import ConfigKeyError
@@ -66,8 +72,7 @@ def _unknown_key_message(err: BaseException, chain: List[BaseException]) -> Opti
             issue = check_key(str(key))
             if issue is None:
                 return None
-            first = str(err).strip().split("\n", 1)[0]
-            where = first.split(":", 1)[0] if first.startswith("In '") else "In a config file"
+            where = _config_file(err) or "In a config file"
             return f"{where}: {issue.key}\n  why: {issue.why}\n  fix: {issue.fix} (in that file)"
     return None
 
@@ -116,8 +121,8 @@ def describe(err: BaseException) -> str:
         return _missing_option_message(str(err))
     choice = _bad_choice_message(chain)
     if choice is not None:
-        first = str(err).strip().split("\n", 1)[0]
-        return (first.split(":", 1)[0] + ": " if first.startswith("In '") else "") + choice  # the file, if one
+        where = _config_file(err)
+        return f"{where}: {choice}" if where else choice
     unknown = _unknown_key_message(err, chain)
     if unknown is not None:
         return unknown

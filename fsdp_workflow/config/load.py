@@ -8,14 +8,16 @@ every step sees exactly what was validated.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from fsdp_workflow.config.schema import WorkflowConfig, register_configs
+from fsdp_workflow.config.schema import WorkflowConfig, field_hints, register_configs
 from fsdp_workflow.core.rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -112,11 +114,6 @@ def to_yaml(cfg: WorkflowConfig) -> str:
 
 def _plain(value: object, hint: object = None) -> object:
     """``value`` as OmegaConf's container would hold it: dicts, lists, enum names, floats where declared."""
-    import dataclasses
-    from enum import Enum
-
-    from fsdp_workflow.config.schema import field_hints
-
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         hints = field_hints(type(value))
         return {f.name: _plain(getattr(value, f.name), hints.get(f.name)) for f in dataclasses.fields(value)}

@@ -74,6 +74,11 @@ class FormatSpec:
         return self.fields.get(canonical, canonical)
 
 
+# How the reasons below begin when a record lacks (or mis-types) a mapped field: the problems a field
+# mapping (data.text_field, data.fields.*) fixes, and the only ones prepare's report suggests it for.
+FIELD_PROBLEMS = ("no field", "field ", "message ")
+
+
 def parse_json_line(line: str) -> Any:
     """One JSON line as a Python value."""
     try:

@@ -37,7 +37,7 @@ from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
 from fsdp_workflow.data.cache import (FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, verify_cache,
                                       write_split)
 from fsdp_workflow.data.encode import ChunkResult, EncodeSpec, encode_chunk, init_worker
-from fsdp_workflow.data.formats import FormatSpec
+from fsdp_workflow.data.formats import FIELD_PROBLEMS, FormatSpec
 from fsdp_workflow.data.mixture import Source, document_counts, is_mixture, resolve_sources, select
 from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
@@ -356,7 +356,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     if bad and d.on_bad_record == OnBadRecord.fail:
         # The field-mapping hint only where a record lacks its fields: a bad byte or a cut-off line
         # is fixed in the data, and plain text files have no fields to name.
-        field_files = {f for f, _, why in bad if why.startswith(("no field", "field ", "message "))}
+        field_files = {f for f, _, why in bad if why.startswith(FIELD_PROBLEMS)}
         hints = [_fix_hint(src) for src, fs in per_files if field_files & set(fs)]
         raise DataError(_bad_report(bad, hints or ([_fix_hint(sources[0])] if field_files else [])))
     plan = _mix(cfg, sources, read, held)

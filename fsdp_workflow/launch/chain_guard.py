@@ -100,6 +100,11 @@ def _last_step(layout: RunDir) -> Optional[int]:
     return found[-1][0] if found else None
 
 
+def _move_aside(model: Path, last: Optional[int]) -> str:
+    """The ``mv`` that sets a model aside under the step it was trained to."""
+    return shlex.join(["mv", str(model), f"{model}.step-{last}"])
+
+
 def _further(layout: RunDir, last: Optional[int], local: bool, model: bool) -> str:
     """How to train this run further: the override words to add, pasteable."""
     hf_model = layout.hf_model
@@ -113,7 +118,7 @@ def _further(layout: RunDir, last: Optional[int], local: bool, model: bool) -> s
         return how + "."
     if local:
         return how + "; the longer run's model replaces this one once it is verified."
-    return how + f", after moving this model aside ({shell(['mv', str(hf_model), f'{hf_model}.step-{last}'])})."
+    return how + f", after moving this model aside ({_move_aside(hf_model, last)})."
 
 
 def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
@@ -142,9 +147,9 @@ def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
                     f"{_further(layout, last, local, model=True)}"), 0
         if local:
             return None, 0
-        aside = shlex.join(["mv", str(model), f"{model}.step-{last}"])
         return (f"{model} holds the model of an earlier, shorter run (step {last} of train.max_steps={max_steps}); "
-                f"the consolidation never overwrites it. Move it aside first: {aside}; nothing submitted."), 2
+                f"the consolidation never overwrites it. Move it aside first: {_move_aside(model, last)}; "
+                "nothing submitted."), 2
     if not consolidates and last is not None and last >= max_steps:
         return (f"this run is complete (trained to step {last} of train.max_steps={max_steps}; checkpoints in "
                 f"{layout.checkpoints}). {nothing} {_further(layout, last, local, model=False)}"), 0
