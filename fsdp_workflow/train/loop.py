@@ -168,6 +168,7 @@ class Trainee:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     hf_config: Any
     generation_config: Optional[Any]
+    tied: list[tuple[str, str]]  # (alias, owner) parameter names that are one parameter after wrapping
 
 
 def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
@@ -188,10 +189,17 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
         lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
         mesh=ranks.mesh,
     )
+    bare = getattr(prepared.model, "module", prepared.model)  # DDP and DeepSpeed wrap; FSDP2 does not
+    lost = model_lib.untied(bare)
+    if lost:  # a bug of a wrapping path, never of the user's config: say which
+        raise RuntimeError(f"the tied weights {lost} became separate parameters under strategy="
+                           f"{cfg.strategy.name.value}; they would train apart. Report this; meanwhile "
+                           "strategy.cpu_ram_efficient_loading=false or strategy=ddp keep the tie")
     scheduler = build_scheduler(prepared.torch_optimizer, cfg.optimizer, cfg.train.max_steps)
     if cfg.train.compile:
         compile_layers(prepared.model, [c.strip() for c in cfg.model.decoder_layer_cls.split(",")])
-    return Trainee(prepared, scheduler, built["config"], built["generation_config"])
+    return Trainee(prepared, scheduler, built["config"], built["generation_config"],
+                   model_lib.tied_parameter_names(bare))
 
 
 def model_flops_per_token(trainee: Trainee, cfg: WorkflowConfig) -> tuple[int, float]:
@@ -309,6 +317,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     log.write(f"strategy {cfg.strategy.name.value} ({wrapping}), {ranks.world} rank(s), mesh "
               f"{ranks.mesh.dims.describe(cfg.strategy.name)}, {num_params / 1e6:.2f} M parameters, "
               f"grad_accum {ranks.grad_accum}")
+    for alias, owner in trainee.tied:
+        log.write(f"tied: {alias} is {owner} (one parameter, trained once)")
     ac = cfg.strategy.activation_checkpointing
     if ac != ActivationCheckpointing.none:
         log.write(f"activation checkpointing {ac.value}: decoder layers {prepared.checkpointed_layers}")

@@ -87,6 +87,10 @@ def build_model(model_cfg: ModelConfig, *, seed: int, meta: bool = False) -> nn.
         # preparation expects of non-main ranks.
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        # init_empty_weights re-creates every parameter on meta as it is registered,
+        # so the tie post_init made (lm_head.weight = embed_tokens.weight) is lost:
+        # this rank would shard one parameter more than the ranks that built real.
+        retie(model)
     elif model_cfg.init == ModelInit.pretrained:
         model = AutoModelForCausalLM.from_pretrained(
             model_cfg.name_or_path,
@@ -103,6 +107,50 @@ def build_model(model_cfg: ModelConfig, *, seed: int, meta: bool = False) -> nn.
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def retie(model: nn.Module) -> None:
+    """Tie the weights ``model.config`` ties again, after a step that copies parameters one by one.
+
+    ``Module.to("meta")``, ``to_empty`` without FSDP and Accelerate's ``init_empty_weights``
+    give each module its own new parameter, so a tied output embedding becomes a second
+    parameter. Every rank must hold the same parameter set before ``fully_shard`` (its
+    all-gathers are sized by it) and a tied model must train one tensor. transformers'
+    ``tie_weights`` ties only what the config asks for; a model without it ties nothing.
+    """
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def tied_parameter_names(model: nn.Module) -> list[tuple[str, str]]:
+    """Pairs ``(alias, owner)`` of parameter names that are one parameter (e.g. ``lm_head.weight`` of the embedding).
+
+    Read from the module tree itself (``named_parameters(remove_duplicate=False)``), so
+    it says what is tied, not what the config intends.
+    """
+    first: dict[int, str] = {}
+    pairs = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            pairs.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    return pairs
+
+
+def untied(model: nn.Module) -> list[str]:
+    """The ties ``model``'s config asks for that are two parameters, as ``"target -> source"`` (empty: all hold).
+
+    A tie that a wrapping step lost trains two tensors that drift apart, and the
+    consolidated model, which keeps one of them, would not be the model trained. Lost
+    means both names are listed as parameters of their own (``named_parameters`` lists
+    a tied alias once); wrappers that flatten parameters (FSDP1 without
+    ``use_orig_params``) list neither, and are not judged here.
+    """
+    wanted = getattr(model, "all_tied_weights_keys", None) or {}
+    # Activation checkpointing and torch.compile insert a module level into the names.
+    names = {n.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "") for n, _ in model.named_parameters()}
+    return [f"{t} -> {s}" for t, s in wanted.items() if t in names and s in names]
 
 
 def non_persistent_buffers(model: nn.Module) -> Dict[str, torch.Tensor]:

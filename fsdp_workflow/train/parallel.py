@@ -47,7 +47,7 @@ from fsdp_workflow.config.schema import (
 from fsdp_workflow.train import float8
 from fsdp_workflow.train.activation_checkpointing import apply_activation_checkpointing
 from fsdp_workflow.train.mesh import StrategyError, TrainMesh, apply_tensor_parallel
-from fsdp_workflow.train.model import decoder_layer_classes, non_persistent_buffers, set_buffer
+from fsdp_workflow.train.model import decoder_layer_classes, non_persistent_buffers, retie, set_buffer
 
 # Activation checkpointing modes Accelerate's FSDP plugin cannot express: our fully_shard path applies them.
 OWN_AC_MODES = (ActivationCheckpointing.every_n_layers, ActivationCheckpointing.ops)
@@ -220,8 +220,36 @@ def materialize_and_broadcast(
             src = torch.empty(local.shape, dtype=local.dtype, device=device)
         dist.broadcast(src, src=0)
         set_buffer(model, name, src)
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
+    retie(model)
+
+
+def check_same_parameters(model: nn.Module) -> None:
+    """Fail with a message, before ``fully_shard``, when the ranks built different parameter sets.
+
+    FSDP2 sizes each all-gather by the parameters it wraps: ranks that disagree (a tie
+    kept on one rank and lost on another, say) die in the first forward with gloo's
+    "76864 vs 38464" or hang on NCCL. One small all-gather of names and shapes turns
+    that into the list of what differs.
+
+    Raises:
+        StrategyError: some rank holds a parameter (name, shape) rank 0 lacks, or the reverse.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    mine = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    problems = []
+    for rank, theirs in enumerate(every[1:], start=1):
+        extra, missing = sorted(set(theirs) - set(every[0])), sorted(set(every[0]) - set(theirs))
+        said = [f"{what} {names[:4]}" for what, names in (("has", extra), ("lacks", missing)) if names]
+        if said:
+            problems.append(f"rank {rank} {' and '.join(said)} (name, shape) compared with rank 0")
+    if problems:
+        raise StrategyError("the ranks built different models, so FSDP cannot shard them together: "
+                            + "; ".join(problems) + ". This is a bug in how the model was built (a tied weight "
+                            "lost on some ranks?); strategy.cpu_ram_efficient_loading=false builds it the same "
+                            "way on every rank")
 
 
 def prepare(
@@ -279,10 +307,10 @@ def prepare(
             bufs = {k: v.detach().clone() for k, v in non_persistent_buffers(model).items()} if rank0 else None
             if rank0:
                 model = model.to("meta")
-                if hasattr(model, "tie_weights"):
-                    model.tie_weights()
+                retie(model)  # .to gave the tied output embedding a parameter of its own
         else:
             model = build(False)
+        check_same_parameters(model)
         install_forward(model)
         if own_mesh and mesh.dims.tp > 1:
             apply_tensor_parallel(model, mesh.tp_mesh())
@@ -303,6 +331,7 @@ def prepare(
         plugin = accelerator.state.fsdp_plugin
         lazy = bool(getattr(plugin, "cpu_ram_efficient_loading", False)) and not accelerator.is_main_process
         model = build(lazy)
+        check_same_parameters(model)  # Accelerate shards whatever each rank built
         # Accelerate's FSDP2 with mixed precision casts parameters itself; adding
         # autocast around forward would only insert no-op casts. Install our forward
         # after prepare so it is not wrapped. Its activation checkpointing (full) comes
