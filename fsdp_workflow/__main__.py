@@ -102,6 +102,8 @@ def _hydra_main(dcfg: DictConfig) -> None:
             report.errors.extend(err.issues)
     if report.errors:
         # Printed, not logged, like the errors: nothing may reach the log of a run this refuses.
+        for note in report.notes:
+            print(f"fsdp_workflow: note: {note}", file=sys.stderr)
         for warning in report.warnings:
             print(f"fsdp_workflow: warning: {warning.format()}", file=sys.stderr)
         try:
@@ -113,6 +115,8 @@ def _hydra_main(dcfg: DictConfig) -> None:
             _fail_config(str(err))
     lock = _lock_run_dir(cfg)  # before the first write, and before anything is logged into the run
     try:
+        for note in report.notes:
+            log.info("fsdp_workflow: note: %s", note)
         for warning in report.warnings:
             log.warning("fsdp_workflow: warning: %s", warning.format())
         rc = _plan_and_launch(cfg, lock)

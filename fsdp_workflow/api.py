@@ -170,6 +170,8 @@ def _validated(overrides: List[str]) -> "WorkflowConfig":
     if errors:
         hint = _NO_EXPERIMENT_HINT if experiment_selected(normalize_overrides(overrides)) is None else ""
         raise _invalid(f"{ConfigError(errors)}{hint}", errors)
+    for note in report.notes:
+        log.info("fsdp_workflow: note: %s", note)
     for warning in report.warnings:
         log.warning("fsdp_workflow: warning: %s", warning.format())
     return cfg

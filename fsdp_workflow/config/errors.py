@@ -63,10 +63,11 @@ class ConfigError(ValueError):
 
 @dataclass
 class ValidationReport:
-    """Everything :func:`validate` found: errors stop the run, warnings do not."""
+    """Everything :func:`validate` found: errors stop the run, warnings do not; notes say what planning decided."""
 
     errors: List[Issue] = field(default_factory=list)
     warnings: List[Issue] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # e.g. the model directory's values that replaced the config's
 
     def error(self, key: str, value: Any, why: str, fix: str) -> None:
         """Record a violation that must stop the run."""

@@ -204,22 +204,10 @@ def check_batch(cfg: WorkflowConfig, r: ValidationReport) -> None:
     )
 
 
-def check_sequence(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Packed sequences must fit the model's positions."""
-    t, m = cfg.train, cfg.model
-    if t.seq_len > m.max_position_embeddings:
-        r.error(
-            "train.seq_len", t.seq_len,
-            f"longer than model.max_position_embeddings ({m.max_position_embeddings}) of {m.name}",
-            f"train.seq_len={m.max_position_embeddings} (or less)",
-        )
-
-
 RULES: List[Rule] = [
     check_devices,
     check_cluster,
     check_single_process_fsdp,
     check_parallel_dims,
     check_batch,
-    check_sequence,
-]
+]  # train.seq_len against the model's positions: rules_model.check_positions

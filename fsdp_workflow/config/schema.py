@@ -243,11 +243,17 @@ class OutputDtype(str, Enum):
 # --------------------------------------------------------------------------- groups
 @dataclass
 class ModelConfig:
-    """The causal LM to fine-tune. Shape fields drive random init and the memory estimate."""
+    """The causal LM to fine-tune. Shape fields drive random init and the memory estimate.
+
+    With ``name_or_path`` set, the directory's ``config.json`` sets the model_type,
+    architecture, decoder_layer_cls, shape fields and tie (a differing value here is
+    replaced, with a note): config/model_dir.py, docs/models.md.
+    """
 
     name: str = MISSING  # short label used in run names and summaries
-    init: ModelInit = ModelInit.pretrained
-    name_or_path: Optional[str] = None  # local HF model directory (never a hub id at run time)
+    # null: pretrained when name_or_path is set, else random; random with name_or_path: its architecture, new weights
+    init: Optional[ModelInit] = None
+    name_or_path: Optional[str] = None  # local HF model directory, or a hub id already in the local HF cache
     tokenizer: Optional[str] = None  # local tokenizer dir; None: name_or_path, or a byte-level one for random init
     model_type: str = "llama"  # transformers model_type used for random init
     architecture: str = "LlamaForCausalLM"  # transformers class name
@@ -264,7 +270,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # HF gradient checkpointing (do not combine with FSDP's)
     trust_remote_code: bool = False
-    extra_config: Dict[str, Any] = field(default_factory=dict)  # more HF config fields for random init
+    extra_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields set on top (rope_scaling...)
 
 
 @dataclass

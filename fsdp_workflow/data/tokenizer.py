@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from fsdp_workflow.config.schema import ModelConfig, ModelInit
+from fsdp_workflow.config.schema import ModelConfig
 
 BYTE_SPECIALS = ("<s>", "</s>", "<pad>", "<unk>")
 BYTE_VOCAB_SIZE = 256 + len(BYTE_SPECIALS)
@@ -57,7 +57,7 @@ def tokenizer_source(model_cfg: ModelConfig) -> Optional[str]:
     """The local directory the tokenizer is loaded from, or None for the byte-level one."""
     if model_cfg.tokenizer:
         return model_cfg.tokenizer
-    if model_cfg.init == ModelInit.pretrained and model_cfg.name_or_path:
+    if model_cfg.name_or_path:  # the model's own, for random weights in its architecture too
         return model_cfg.name_or_path
     return None
 

@@ -12,6 +12,7 @@ that is about to write or submit (the CLI, each point of a sweep) asks it::
 from __future__ import annotations
 
 from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.model_dir import resolve_model
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.config.validate import validate
 from fsdp_workflow.container.checks import check_container_steps
@@ -19,5 +20,14 @@ from fsdp_workflow.data import checks as data_checks
 
 
 def check(cfg: WorkflowConfig) -> ValidationReport:
-    """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``, then the data format."""
-    return validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES])
+    """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``, then the data format.
+
+    First ``cfg.model`` is made to describe the model that will train (its directory's
+    ``config.json``: :func:`fsdp_workflow.config.model_dir.resolve_model`); what that
+    replaced comes back as the report's notes. ``cfg`` is changed in place, so what
+    is written and run is what was checked.
+    """
+    notes = resolve_model(cfg)
+    report = validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES])
+    report.notes[:0] = notes
+    return report

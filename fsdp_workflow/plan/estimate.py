@@ -15,6 +15,8 @@ from fsdp_workflow.config.schema import (
     ActivationCheckpointing,
     Device,
     MixedPrecision,
+    ModelConfig,
+    ModelInit,
     OptimizerName,
     StrategyName,
     WorkflowConfig,
@@ -23,7 +25,8 @@ from fsdp_workflow.config.schema import (
     mesh_shape,
     world_size,
 )
-from fsdp_workflow.config.model_size import num_params
+from fsdp_workflow.config.model_dir import effective_config, experts
+from fsdp_workflow.config.model_size import count_params, num_params
 from fsdp_workflow.data.summary import summary_lines as data_summary_lines
 
 GIB = 1024**3
@@ -98,6 +101,26 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
 
 
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)
+
+
+def model_line(m: ModelConfig) -> str:
+    """What trains: family, weights, parameters (active ones for MoE), tie and the FSDP wrap unit."""
+    count = count_params(m)
+    n_exp, k_exp = experts(effective_config(m))
+    params = f"{_count(count.total)} parameters"
+    if n_exp:
+        params += f" ({_count(count.active)} active: {k_exp} of {n_exp} experts per token)"
+    weights = f"weights of {m.name_or_path}" if m.init == ModelInit.pretrained else (
+        f"random weights, {m.name_or_path}'s architecture" if m.name_or_path else "random weights")
+    return (f"{m.name}: {m.model_type} ({m.architecture}), {params}, "
+            f"{'tied' if m.tie_word_embeddings else 'untied'} embeddings, wraps {m.decoder_layer_cls}; {weights}")
+
+
 def summary_lines(cfg: WorkflowConfig) -> List[str]:
     """The human summary printed by the planner."""
     c, t = cfg.cluster, cfg.train
@@ -106,7 +129,7 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
     est = estimate_memory(cfg)
     unit = "GPU" if c.device == Device.cuda else "process"
     lines = [
-        f"model        {cfg.model.name}: {num_params(cfg.model) / 1e9:.3g} B parameters ({cfg.model.architecture})",
+        "model        " + model_line(cfg.model),
         f"strategy     {cfg.strategy.name.value}, mixed precision {t.mixed_precision.value}",
         f"world size   {world} = {c.nodes} node(s) x {c.processes_per_node} process(es), data parallel {dp}",
         "mesh         " + describe_mesh(cfg.strategy.name, mesh_shape(cfg)),

@@ -26,17 +26,19 @@ from fsdp_workflow.config.schema import ModelConfig, ModelInit  # noqa: E402
 def build_hf_config(model_cfg: ModelConfig) -> Any:
     """The transformers config for the model.
 
-    Pretrained: the directory's ``config.json``. Random: ``AutoConfig.for_model``
-    from the shape fields plus ``model.extra_config``, with ``architectures`` set
-    so the consolidated ``config.json`` names the right class.
+    With ``model.name_or_path``: the directory's ``config.json``, whatever
+    ``model.init`` says (random init trains that architecture from new weights).
+    Without: ``AutoConfig.for_model`` from the shape fields, with ``architectures``
+    set so the consolidated ``config.json`` names the right class. ``model.extra_config``
+    applies on top of both, as the planner counted it (config/model_dir.py).
 
     Raises:
         FileNotFoundError: ``model.name_or_path`` is not a local directory.
     """
     from transformers import AutoConfig
 
-    if model_cfg.init == ModelInit.pretrained:
-        path = model_cfg.name_or_path
+    path = model_cfg.name_or_path
+    if model_cfg.init == ModelInit.pretrained or path:
         if not path or not os.path.isdir(path):
             raise FileNotFoundError(
                 f"model.name_or_path={path!r} is not a local directory. With model.init=pretrained the "
@@ -44,6 +46,11 @@ def build_hf_config(model_cfg: ModelConfig) -> Any:
                 "model.init=random to build the model from its shape fields."
             )
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, local_files_only=True)
+        for key, value in (model_cfg.extra_config or {}).items():
+            if key == "rope_scaling":  # transformers 5's name; it holds rope_theta too, so merge, never replace
+                key = "rope_parameters"
+            old = getattr(config, key, None)
+            setattr(config, key, {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value)
     else:
         fields: Dict[str, Any] = dict(
             vocab_size=model_cfg.vocab_size,
