@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from fsdp_workflow.config.schema import DataFormat, TrainOn
+from fsdp_workflow.data.messages import ROLES, MessageError, normalise, record_tools, sharegpt
 from fsdp_workflow.data.spans import SpanNotFound, assistant_spans
+from fsdp_workflow.data.tools import ToolsNotRendered, check_rendered, check_support, has_tool_calls, tool_call_spans
 from fsdp_workflow.data.templates import ChatTemplate
 
-ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
-                  "assistant": "assistant", "tool": "tool"}
 SHAREGPT_KEY = "conversations"
 
 ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
@@ -121,24 +120,24 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
     for n, m in enumerate(raw):
         if not isinstance(m, dict):
             raise BadRecord(f"message {n} is a {type(m).__name__}, not an object")
-        if role_key not in m and "from" in m:  # ShareGPT spelling
-            role, content = SHAREGPT_ROLES.get(m["from"], m["from"]), m.get("value")
-        else:
-            if role_key not in m:
-                raise BadRecord(f"message {n} has no {role_key!r} (fields: {sorted(m)}). Map it with data.fields.role")
-            role, content = m[role_key], m.get(content_key)
-        if role not in ROLES:
-            raise BadRecord(f"message {n} has unknown role {role!r}; known: {', '.join(ROLES)} "
-                            "(ShareGPT: human, gpt, system)")
-        if not isinstance(content, str):
-            raise BadRecord(f"message {n} ({role}) has no string {content_key!r}. Map it with data.fields.content")
-        if role == "assistant" and not content.strip():
-            raise BadRecord(f"message {n} is an empty assistant turn")
-        msg = {"role": role, "content": content}
-        reasoning = m.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning.strip():
-            msg["reasoning_content"] = reasoning
-        out.append(msg)
+        try:
+            if role_key not in m and "from" in m:  # ShareGPT spelling
+                m = sharegpt(m, n)
+                role, content, ckey = m["role"], m["content"], "value"
+            else:
+                if role_key not in m:
+                    raise BadRecord(f"message {n} has no {role_key!r} (fields: {sorted(m)}). "
+                                    "Map it with data.fields.role")
+                if content_key not in m and "tool_calls" not in m:
+                    raise BadRecord(f"message {n} ({m[role_key]}) has no {content_key!r} (fields: {sorted(m)}). "
+                                    "Map it with data.fields.content")
+                role, content, ckey = m[role_key], m.get(content_key), content_key
+            if role not in ROLES:
+                raise BadRecord(f"message {n} has unknown role {role!r}; known: {', '.join(ROLES)} "
+                                "(ShareGPT: human, gpt, system, tool, observation, function_call)")
+            out.append(normalise(m, role, content, n, ckey))
+        except MessageError as err:
+            raise BadRecord(str(err)) from err
     system = record.get(spec.field("system"))
     if isinstance(system, str) and system.strip() and out[0]["role"] != "system":
         out.insert(0, {"role": "system", "content": system})
@@ -147,28 +146,50 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
     return out
 
 
-def conversation_spans(messages: List[Dict[str, Any]], template: ChatTemplate,
-                       variables: Mapping[str, Any]) -> Tuple[str, List[Tuple[int, int]]]:
+def conversation_spans(messages: List[Dict[str, Any]], template: ChatTemplate, variables: Mapping[str, Any],
+                       tools: Optional[List[Any]] = None) -> Tuple[str, List[Tuple[int, int]]]:
     """Render ``messages`` once and find the characters each assistant turn contributes.
+
+    Args:
+        messages: the normalised conversation.
+        template: the compiled chat template.
+        variables: what the template may read besides the messages (special tokens).
+        tools: the record's tool schemas, passed to the template as ``tools`` (None: none).
 
     Returns:
         The rendered text and the ``[start, end)`` spans to train, in order: the
         ``{% generation %}`` blocks when the template has them, else one span per
-        assistant message (its content plus the end-of-turn marker, :mod:`fsdp_workflow.data.spans`).
+        assistant message (its content plus the end-of-turn marker, :mod:`fsdp_workflow.data.spans`;
+        a tool call: what the template wrote for the turn, :mod:`fsdp_workflow.data.tools`).
 
     Raises:
-        BadRecord: the template refuses the conversation (it raised), or an assistant turn is not in the rendering.
+        BadRecord: the template refuses the conversation (it raised), drops its tools, calls or tool
+            results, or an assistant turn is not in the rendering.
     """
+    variables = {**variables, "tools": tools} if tools else variables
+    try:
+        check_support(template.text, messages, tools)
+    except ToolsNotRendered as err:
+        raise BadRecord(str(err)) from err
     try:
         if template.marked:
-            return template.render_marked(messages, **variables)
-        full = template.render(messages, **variables)
+            full, spans = template.render_marked(messages, **variables)
+        else:
+            full = template.render(messages, **variables)
     except Exception as err:  # noqa: BLE001 - a template is user code: whatever it raises is about this record
         raise BadRecord(f"the chat template refused this conversation ({type(err).__name__}: {err})") from err
     try:
-        return full, assistant_spans(full, messages, template.end_of_turn(None, **variables), template.header)
-    except SpanNotFound as err:
+        if not template.marked:
+            eot = template.end_of_turn(None, **variables)
+            known = (tool_call_spans(full, messages, lambda ms, **kw: template.render(ms, **kw, **variables), eot,
+                                     template.header)
+                     if has_tool_calls(messages) else None)
+            spans = assistant_spans(full, messages, eot, template.header, known)
+        if tools or has_tool_calls(messages):
+            check_rendered(full, messages, tools, spans)
+    except (SpanNotFound, ToolsNotRendered) as err:
         raise BadRecord(str(err)) from err
+    return full, spans
 
 
 def _pick(spans: List[Tuple[int, int]], train_on: TrainOn) -> List[Tuple[int, int]]:
@@ -197,6 +218,11 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
     system = rec.get(spec.field("system"))
     if spec.format == DataFormat.conversation:
         messages = _messages(rec, spec)
+        try:
+            tools = record_tools(rec)
+        except MessageError as err:
+            raise BadRecord(str(err)) from err
+        return _templated(messages, spec, render, variables, tools)
     else:
         if spec.format == DataFormat.prompt_completion:
             prompt_raw, completion_raw = rec.get(spec.field("prompt")), rec.get(spec.field("completion"))
@@ -228,9 +254,9 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
 
 
 def _templated(messages: List[Dict[str, Any]], spec: FormatSpec, render: Optional[ChatTemplate],
-               variables: Mapping[str, Any]) -> Document:
+               variables: Mapping[str, Any], tools: Optional[List[Any]] = None) -> Document:
     assert render is not None, "a chat format without a template is refused before the workers start"
-    text, spans = conversation_spans(messages, render, variables)
+    text, spans = conversation_spans(messages, render, variables, tools)
     if spec.train_on == TrainOn.all:
         return Document(text, [(0, len(text))], False, False)
     return Document(text, _pick(spans, spec.train_on), False, False)

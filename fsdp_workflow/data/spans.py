@@ -89,8 +89,8 @@ def _find_answer(full: str, answer: str, eot: str, cursor: int, header: str) -> 
     return -1, -1
 
 
-def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str,
-                    header: str = "") -> List[Tuple[int, int]]:
+def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str, header: str = "",
+                    known: Optional[Dict[int, Tuple[int, int]]] = None) -> List[Tuple[int, int]]:
     """One ``[start, end)`` character span per assistant message of ``messages``, in order.
 
     Args:
@@ -98,6 +98,7 @@ def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str,
         messages: the conversation (``role``, ``content``, optional ``reasoning_content``).
         eot: the template's end-of-turn marker.
         header: what the template writes between a user message and the answer (tried first; may be empty).
+        known: spans already found by message index (tool calls, :mod:`fsdp_workflow.data.tools`).
 
     Returns:
         The spans: each answer (and the reasoning the template wrote for it) plus ``eot``.
@@ -109,6 +110,10 @@ def assistant_spans(full: str, messages: Sequence[Dict[str, Any]], eot: str,
     cursor = 0
     for n, m in enumerate(messages):
         if m["role"] != "assistant":
+            continue
+        if known and n in known:
+            spans.append(known[n])
+            cursor = known[n][1]
             continue
         prompt = messages[n - 1] if n > 0 and messages[n - 1]["role"] != "assistant" else None
         if prompt is not None:  # only the prompt right before: a template may move others (Nemo's system)
