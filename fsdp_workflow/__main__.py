@@ -168,7 +168,7 @@ def _plan_and_launch(cfg, lock) -> int:
     from pathlib import Path
 
     from fsdp_workflow.plan.estimate import memory_warning, summary_lines
-    from fsdp_workflow.plan.run_dir import write_run_dir, written_names
+    from fsdp_workflow.plan.run_dir import InputsChanged, write_run_dir, written_names
     from fsdp_workflow.plan.spec import is_slurm
 
     from fsdp_workflow.launch.chain_guard import live_chain_problem
@@ -180,6 +180,9 @@ def _plan_and_launch(cfg, lock) -> int:
         raise SystemExit(EXIT_USAGE)
     try:
         plan = write_run_dir(cfg)
+    except InputsChanged as err:  # a finished run, on other data or another model directory
+        lock.release()
+        _fail_config(str(err), heading="the inputs of this finished run changed; nothing run")
     except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text
         lock.release()
         _fail_config(f"  {err}" if not str(err).startswith("found ") else str(err))

@@ -21,15 +21,19 @@ directory):
 
 from __future__ import annotations
 
+import logging
 import shlex
 import subprocess
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.record import open_run
+from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.render import TERMINAL_STATES
+
+log = logging.getLogger(__name__)
 
 SQUEUE_TIMEOUT_S = 30
 
@@ -95,9 +99,25 @@ def live_chain_problem(run_dir: Path) -> Optional[str]:
 
 
 def _last_step(layout: RunDir) -> Optional[int]:
-    """The newest complete checkpoint's step (``submit.sh`` counts every ``step-N`` directory)."""
+    """The newest complete checkpoint's step that resume would take (``submit.sh`` counts every ``step-N``).
+
+    A newer one that fails :func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` (a truncated
+    shard, a garbled ``.metadata``) does not make the run complete: resume sets it aside as
+    ``step-N.corrupt`` and trains its steps again, so the run goes on from the newest whole one.
+    """
+    for step, path in reversed(layout.list_checkpoints()):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step
+        log.warning("[fsdp_workflow] warning: checkpoint %s cannot be resumed (%s); the run is not complete: "
+                    "resume sets it aside as step-%d.corrupt and trains its steps again", path, problem, step)
+    return None
+
+
+def _damaged_newest(layout: RunDir, last: Optional[int]) -> bool:
+    """A complete-looking checkpoint newer than ``last`` exists (it failed the health check)."""
     found = layout.list_checkpoints()
-    return found[-1][0] if found else None
+    return bool(found) and (last is None or found[-1][0] > last)
 
 
 def _move_aside(model: Path, last: Optional[int]) -> str:
@@ -140,6 +160,8 @@ def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
     last = _last_step(layout)
     model = layout.hf_model
     nothing = "Nothing run." if local else "Nothing submitted."
+    if _damaged_newest(layout, last):  # its steps are trained again: never complete, and the model is replaced
+        return None, 0
     if consolidates and model.is_dir():
         if last is None or last >= max_steps:
             return (f"this run is complete (trained to step {last if last is not None else '?'} of "

@@ -37,6 +37,7 @@ from fsdp_workflow.config.errors import ConfigError, Issue, show_value
 from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
 from fsdp_workflow.config.record import open_run
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
+from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     PROVENANCE_FILE,
@@ -45,6 +46,7 @@ from fsdp_workflow.core.rundir import (
     atomic_write_json,
     atomic_write_text,
 )
+from fsdp_workflow.plan.inputs import changed_inputs, fingerprint_inputs
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import render_all, render_launch_env
 from fsdp_workflow.plan.snapshot import write_snapshot
@@ -168,6 +170,75 @@ def check_run_dir_reuse(cfg: WorkflowConfig) -> None:
     )])
 
 
+class InputsChanged(ConfigError):
+    """The run in ``run_dir`` finished, but on other inputs than the config names now (nothing was run)."""
+
+
+# Overrides the two commands offered for changed inputs set themselves.
+_OFFERED = ("run_dir=", "checkpoint.resume=", "train.max_steps=", "hydra.run.dir=", "hydra.sweep.dir=", "dry_run=")
+
+
+def _again(command: Sequence[str], *words: str) -> str:
+    """The planning command again with ``words`` in place of the overrides they set, pasteable."""
+    kept = [str(a) for a in list(command)[1:] if not str(a).lstrip("+").startswith(_OFFERED)]
+    return shell(["python", "-m", "fsdp_workflow", *kept, *words])
+
+
+def check_inputs_unchanged(cfg: WorkflowConfig, inputs: Dict[str, Any], command: Sequence[str]) -> None:
+    """Refuse to call a finished run complete when its data or model directory changed since it was planned.
+
+    A run is finished when its newest checkpoint reached ``train.max_steps``, or its model
+    was written and its checkpoints removed. A ``checkpoint.resume`` inside the directory
+    (a deliberate continuation) is never refused here.
+
+    Args:
+        cfg: the config about to be planned.
+        inputs: :func:`~fsdp_workflow.plan.inputs.fingerprint_inputs` of ``cfg``.
+        command: the planning command, for the two commands offered.
+
+    Raises:
+        InputsChanged: on the first changed key, naming every changed file and both choices:
+            a new ``run_dir``, or the resume onto the new inputs.
+    """
+    layout = run_layout(cfg)
+    if not is_run_of_this_tool(layout.root) or _resumes_inside(cfg.checkpoint.resume, layout.root):
+        return
+    found = layout.list_checkpoints()
+    last = found[-1][0] if found else None
+    finished = (last is not None and last >= cfg.train.max_steps) or \
+        (last is None and cfg.consolidate.enabled and layout.hf_model.is_dir())
+    if not finished:
+        return
+    changed = changed_inputs((open_run(layout.root).provenance or {}).get("inputs"), inputs)
+    if not changed:
+        return
+    key, value = changed[0].split(": ")[:2]  # the first changed key and file
+    new_dir = _again(command, f"run_dir={hydra_value(str(layout.root) + '-2')}",
+                     f"train.max_steps={cfg.train.max_steps}")
+    if last is None:
+        resume = ("its checkpoints were removed after the consolidation, so it cannot be resumed; to start "
+                  "from its model instead, add "
+                  f"{shell(['model.init=pretrained', f'model.name_or_path={hydra_value(str(layout.hf_model))}'])}"
+                  " to that command")
+    else:
+        more = last + cfg.train.max_steps
+        resume = ("or continue this run onto the new inputs from its step "
+                  f"{last} (train.max_steps={more}: {cfg.train.max_steps} more steps; the model is replaced "
+                  "once the longer run's is verified): "
+                  + _again(command, f"run_dir={hydra_value(str(layout.root))}",
+                           f"checkpoint.resume={hydra_value(str(layout.step_dir(last)))}",
+                           f"train.max_steps={more}"))
+    shown = "; ".join(changed[:_DIFFS_SHOWN]) + (f" (and {len(changed) - _DIFFS_SHOWN} more)"
+                                                 if len(changed) > _DIFFS_SHOWN else "")
+    raise InputsChanged([Issue(
+        key, value,
+        f"the run in {layout.root} finished (step {last if last is not None else '?'} of "
+        f"train.max_steps={cfg.train.max_steps}) on other inputs than these: {shown}. It is not complete on "
+        "the new inputs, and nothing was run",
+        f"train on the new inputs from the start in a new run directory: {new_dir}; {resume}",
+    )])
+
+
 def run_dir_problem(run_dir: str) -> Optional[Issue]:
     """None when ``run_dir`` may be planned into: a new directory, an empty one, or a run of this tool.
 
@@ -241,8 +312,13 @@ def write_run_dir(cfg: WorkflowConfig, command: Optional[Sequence[str]] = None) 
     Raises:
         ConfigError: ``cfg.run_dir`` holds a different run (:func:`check_run_dir_reuse`);
             nothing is written.
+        InputsChanged: the run in ``cfg.run_dir`` finished on other data or another model
+            directory (:func:`check_inputs_unchanged`); nothing is written.
     """
     check_run_dir_reuse(cfg)
+    command = list(sys.argv if command is None else command)
+    inputs = fingerprint_inputs(cfg)
+    check_inputs_unchanged(cfg, inputs, command)
     plan = build_plan(cfg)
     launch_env = render_launch_env(accelerate_env(cfg))  # may refuse a value: before anything is written
     scripts: Dict[str, str] = render_all(plan)
@@ -261,7 +337,8 @@ def write_run_dir(cfg: WorkflowConfig, command: Optional[Sequence[str]] = None) 
         "git_dirty": None if revision == "unknown" else revision.endswith("-dirty"),
         "code_snapshot": snapshot,
         "config_sha256": plan.config_sha256,  # what every job checks config.yaml against (core.config_hash)
-        "command": list(sys.argv if command is None else command),
+        "command": command,
+        "inputs": inputs,  # the data files' and model directory's fingerprints (plan.inputs)
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,
         "files": sorted([layout.config.name, layout.launch_env.name, *scripts]),

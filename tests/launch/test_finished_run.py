@@ -16,6 +16,7 @@ from fsdp_workflow.config.errors import ConfigError
 from fsdp_workflow.core.commands import hydra_value
 from fsdp_workflow.launch.chain_guard import finished_message
 from fsdp_workflow.plan.run_dir import check_run_dir_reuse, write_run_dir
+from tests.launch.test_complete_inputs import save_step
 
 
 @pytest.mark.parametrize("local", [False, True], ids=["slurm", "local"])
@@ -24,8 +25,7 @@ def test_the_advice_to_train_further_is_accepted_by_the_planner(name: str, local
     run_dir = tmp_path / name / "run"
     base = ["+experiment=smoke", f"run_dir={hydra_value(str(run_dir))}"]
     plan = write_run_dir(compose([*base, "dry_run=true"]))
-    plan.layout.step_dir(plan.max_steps).mkdir(parents=True)
-    (plan.layout.step_dir(plan.max_steps) / ".metadata").write_bytes(b"")
+    save_step(plan.layout.step_dir(plan.max_steps))
     plan.layout.hf_model.mkdir()
     message, rc = finished_message(plan.layout, plan.max_steps, consolidates=True, local=local)
     assert rc == 0 and message is not None and message.startswith("this run is complete")
@@ -47,8 +47,7 @@ def test_a_run_whose_checkpoints_were_removed_says_it_starts_from_the_model(tmp_
 
 def test_a_shorter_runs_model_stops_the_slurm_route_and_not_the_local_one(tmp_path: Path) -> None:
     plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "dry_run=true"]))
-    plan.layout.step_dir(plan.max_steps // 2).mkdir(parents=True)
-    (plan.layout.step_dir(plan.max_steps // 2) / ".metadata").write_bytes(b"")
+    save_step(plan.layout.step_dir(plan.max_steps // 2))
     plan.layout.hf_model.mkdir()
     message, rc = finished_message(plan.layout, plan.max_steps, consolidates=True)
     assert rc == 2 and "Move it aside first: mv" in message

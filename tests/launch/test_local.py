@@ -22,6 +22,7 @@ from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.launch.local import run_local, shown
 from fsdp_workflow.plan.run_dir import write_run_dir
+from tests.launch.test_complete_inputs import save_step
 
 # Stands in for torchrun: parses its argv with torchrun's own parser and LaunchConfig,
 # and reports what torchrun would forward, how long it would wait, and SIGUSR2's disposition.
@@ -112,8 +113,7 @@ def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_
 
     plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
     last = plan.max_steps if trained_to == "max_steps" else plan.max_steps // 2
-    (plan.layout.step_dir(last)).mkdir(parents=True)
-    (plan.layout.step_dir(last) / ".metadata").write_bytes(b"")
+    save_step(plan.layout.step_dir(last))  # a real DCP save: "complete" checks it as resume does
     plan.layout.hf_model.mkdir()
     ran, merged = tmp_path / "ran", tmp_path / "merged"
     fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")

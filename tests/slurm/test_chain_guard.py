@@ -14,6 +14,7 @@ import pytest
 
 import pipeline_helpers as ph
 import slurm_utils as su
+from tests.launch.test_complete_inputs import save_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -54,8 +55,7 @@ def test_the_same_command_twice_refuses_while_the_chain_is_queued(slurm_cluster,
 
 
 def _finished(run_dir, step):
-    (run_dir / "checkpoints" / f"step-{step}").mkdir(parents=True)
-    (run_dir / "checkpoints" / f"step-{step}" / ".metadata").write_bytes(b"x")
+    save_step(run_dir / "checkpoints" / f"step-{step}")  # whole: "complete" checks it as resume does
     (run_dir / "hf_model").mkdir()
 
 
