@@ -24,6 +24,7 @@ that could never run the chain; 1 when ``sbatch`` failed otherwise.
 from __future__ import annotations
 
 import logging
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,7 +242,8 @@ def submit(overrides: Optional[Sequence[str]] = None) -> Chain:
         ``note`` saying where the model is, when the run in ``run_dir`` is already complete.
 
     Raises:
-        SubmitError: with the CLI's message and exit code. 2 when the config is invalid
+        SubmitError: with the CLI's message and exit code. 2 when ``overrides`` is one string
+            (the message gives the list to pass instead), when the config is invalid
             (nothing was written or submitted), ``run_dir`` is locked by another command or
             has a chain still queued, or the cluster could never run the chain (nothing is
             left in the queue); 1 when ``sbatch`` failed otherwise.
@@ -249,6 +251,14 @@ def submit(overrides: Optional[Sequence[str]] = None) -> Chain:
     from fsdp_workflow.config.schema import run_layout
     from fsdp_workflow.core.lock import LockHeld, LockUnsupported, acquire
 
+    if isinstance(overrides, (str, bytes)):  # iterated, it would be one override per character
+        text = overrides.decode() if isinstance(overrides, bytes) else overrides
+        try:
+            words: List[str] = shlex.split(text)
+        except ValueError:
+            words = text.split()
+        raise _invalid(f"  overrides = {text!r}\n    why: fsdp_workflow.submit takes a list of overrides, one per "
+                       f"word, not one string\n    fix: fsdp_workflow.submit({words!r})")
     ov = [str(o) for o in (overrides or [])]
     cfg = _validated(ov)
     layout = run_layout(cfg)
