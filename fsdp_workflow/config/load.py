@@ -146,6 +146,20 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
 _RENAMED_VALUES = {("strategy", "activation_checkpointing"): {True: "full", False: "none"}}
 
 
+def _renamed_value(override: str) -> str:
+    """``strategy.activation_checkpointing=false`` (or ``=true``, or a sweep of them) as this version spells it.
+
+    A ``config.yaml`` holding the boolean loads (:func:`_upgrade`); the command line takes it too.
+    """
+    key, sep, value = override.partition("=")
+    for (group, name), mapping in _RENAMED_VALUES.items():
+        if sep and key.lstrip("+") == f"{group}.{name}":
+            words = [w.strip().lower() for w in value.split(",")]
+            if all(w in ("true", "false") for w in words):
+                return key + sep + ",".join(mapping[w == "true"] for w in words)
+    return override
+
+
 def _upgrade(loaded):
     """A recorded config with each value an earlier version wrote spelled as this version reads it."""
     for (group, key), mapping in _RENAMED_VALUES.items():
@@ -224,7 +238,7 @@ def normalize_overrides(overrides: Sequence[str]) -> List[str]:
             o = o[1:]
         if o.startswith("experiment=") and o.split("=", 1)[1].strip().lower() in ("null", "none", "~", ""):
             o = "~experiment"
-        out.append(expand_home(o))
+        out.append(expand_home(_renamed_value(o)))
     if not any(_names_config(o) for o in out):
         out.insert(0, f"experiment={DEFAULT_EXPERIMENT}")  # before any flag: argparse wants overrides together
     if multirun and not any(o in ("-m", "--multirun") for o in out):
