@@ -8,24 +8,43 @@ sources, the first line of the block for text files). Sources:
 - ``jsonl``: JSON lines (``.jsonl``/``.json``), one record per non-empty line,
   read as bytes and decoded line by line (a line that is not UTF-8, or larger
   than :data:`MAX_RECORD_BYTES`, is a bad record named by its line), parsed by
-  the workers;
+  the workers; or one JSON array (Alpaca's ``alpaca_data.json``, ShareGPT dumps),
+  one record per element, named by its 1-based index;
 - ``parquet``: rows of ``.parquet`` files (needs pyarrow);
 - ``hf_disk``: a dataset written by ``datasets``' ``save_to_disk`` (the ``train``
   split of a ``DatasetDict``, or its only one).
+
+Text and JSON files may be gzip- or zstd-compressed (recognised by their magic
+bytes, whatever their name; ``.gz``/``.zst`` names are found in directories and
+globs) and are read as streams. A file that is really Parquet or Arrow, or text
+in UTF-16/UTF-32 (its byte-order mark), is named with the fix, never read as
+garbage with latin1 advice.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
+import io
+import json
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Iterator, List, Optional, Sequence, Tuple
 
 from fsdp_workflow.config.schema import DataSource
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
+COMPRESSED_SUFFIXES = (".gz", ".zst")  # read as streams (recognised by their magic bytes, not by name)
+_GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+# Byte-order marks of the encodings we refuse by name (UTF-32 first: its LE mark starts with UTF-16's).
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+              (b"\xfe\xff", "UTF-16BE"))
+# Binary formats a text or JSON source may be handed by mistake.
+_FOREIGN = ((b"PAR1", "a Parquet file", "data.source=parquet"),
+            (b"ARROW1", "an Arrow IPC file", "data.source=hf_disk on its save_to_disk directory, or convert it to "
+                                             "Parquet and use data.source=parquet"))
 
 
 # The largest record read (a JSON line, a text block), in bytes. A larger one is a bad
@@ -63,8 +82,43 @@ class SourceFile:
 
 
 def suffixes(source: DataSource) -> Sequence[str]:
-    return {DataSource.text: TEXT_SUFFIXES, DataSource.jsonl: JSONL_SUFFIXES,
-            DataSource.parquet: PARQUET_SUFFIXES}.get(source, ())
+    plain = {DataSource.text: TEXT_SUFFIXES, DataSource.jsonl: JSONL_SUFFIXES,
+             DataSource.parquet: PARQUET_SUFFIXES}.get(source, ())
+    if source in (DataSource.text, DataSource.jsonl):
+        return (*plain, *(s + c for s in plain for c in COMPRESSED_SUFFIXES))
+    return plain
+
+
+def open_records(f: str) -> BinaryIO:
+    """``f`` as a binary stream: decompressed if gzip or zstd (by magic bytes), else as it is.
+
+    Raises:
+        DataError: zstd without the zstandard package; a Parquet/Arrow file; UTF-16/UTF-32 text.
+    """
+    with open(f, "rb") as fh:
+        magic = fh.read(4)
+    if magic.startswith(_GZIP):
+        stream: BinaryIO = gzip.open(f, "rb")  # type: ignore[assignment]
+    elif magic.startswith(_ZSTD):
+        try:
+            import zstandard
+        except ImportError as e:
+            raise DataError(f"{f}: zstd-compressed; reading it needs the zstandard package "
+                            "(pip install zstandard), or decompress it: zstd -d FILE") from e
+        stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(f, "rb"), closefd=True))
+    else:
+        stream = open(f, "rb")
+    head = stream.peek(8)[:8]  # type: ignore[attr-defined]
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            stream.close()
+            raise DataError(f"{f}: the text is {name} (its byte-order mark says so); records are read as UTF-8. "
+                            f"Re-encode it: iconv -f {name} -t UTF-8 FILE > FILE.utf8")
+    for magic_bytes, what, fix in _FOREIGN:
+        if head.startswith(magic_bytes):
+            stream.close()
+            raise DataError(f"{f}: this is {what}, not text or JSON lines. Fix: {fix}")
+    return stream
 
 
 def expand(source: DataSource, path: Optional[str], key: str) -> List[str]:
@@ -123,7 +177,7 @@ def _too_large(size: int) -> BadPayload:
 
 def _text_blocks(f: str) -> Iterator[Tuple[int, Any]]:
     """Blank-line separated blocks of a text file, stripped, with the line each starts on (bytes decoded per block)."""
-    with open(f, "rb") as fh:
+    with open_records(f) as fh:
         data = fh.read()
     if data.startswith(_BOM):
         data = data[len(_BOM):]
@@ -146,7 +200,10 @@ def _json_lines(f: str) -> Iterator[Tuple[int, Any]]:
     reported as a :class:`BadPayload`, as is one that is not UTF-8.
     """
     limit = MAX_RECORD_BYTES
-    with open(f, "rb") as fh:
+    with open_records(f) as fh:
+        if fh.peek(4096)[:4096].lstrip(_BOM + b" \t\r\n").startswith(b"["):  # type: ignore[attr-defined]
+            yield from _json_array(f, fh.read())
+            return
         n = 0
         while True:
             raw = fh.readline(limit + 1)
@@ -164,6 +221,38 @@ def _json_lines(f: str) -> Iterator[Tuple[int, Any]]:
                 continue
             if raw.strip():
                 yield n, _decode(raw)
+
+
+def _json_array(f: str, raw: bytes) -> Iterator[Tuple[int, Any]]:
+    """The elements of a file holding one JSON array, each as a JSON text (what the workers parse), by index."""
+    text = _decode(raw[len(_BOM):] if raw.startswith(_BOM) else raw)
+    if isinstance(text, BadPayload):
+        yield 1, text
+        return
+    try:
+        records = json.loads(text)
+    except ValueError as err:
+        line = text.count("\n", 0, getattr(err, "pos", 0)) + 1
+        raise DataError(f"{f}:{line}: the file starts as a JSON array but is not valid JSON ({err}). "
+                        "Fix the file, or write one JSON object per line (JSON Lines)") from None
+    if not isinstance(records, list):
+        raise DataError(f"{f}: holds one JSON value, not an array of records or JSON Lines")
+    for i, record in enumerate(records, 1):
+        yield i, json.dumps(record, ensure_ascii=False)
+
+
+def count_file(source: DataSource, f: str) -> int:
+    """The records prepare reads from ``f`` (text or jsonl), counted the way it reads them.
+
+    Raises:
+        DataError, OSError: as reading it would (prepare names the problem).
+    """
+    with open_records(f) as fh:
+        data = fh.read()
+    if source == DataSource.jsonl and data.lstrip(_BOM + b" \t\r\n").startswith(b"["):
+        return sum(1 for _ in _json_array(f, data))
+    sep = b"\n" if source == DataSource.jsonl else b"\n\n"
+    return sum(1 for piece in data.split(sep) if piece.strip())
 
 
 def payload_bytes(payload: Any) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from fsdp_workflow.config.schema import DataSource, WorkflowConfig, run_layout
 from fsdp_workflow.data.mixture import Source, is_mixture, planned_shares, resolve_sources
-from fsdp_workflow.data.sources import DataError, expand
+from fsdp_workflow.data.sources import DataError, count_file, expand
 
 COUNT_LIMIT_BYTES = 256 << 20  # count the records of a source only up to this much data
 
@@ -38,12 +38,10 @@ def count_records(src: Source) -> Optional[int]:
         return None
     if sum(os.path.getsize(f) for f in files) > COUNT_LIMIT_BYTES:
         return None
-    sep = b"\n" if src.source == DataSource.jsonl else b"\n\n"
-    n = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            n += sum(1 for piece in fh.read().split(sep) if piece.strip())
-    return n
+    try:
+        return sum(count_file(src.source, f) for f in files)  # decompressed, arrays by element: as prepare reads
+    except (DataError, OSError):
+        return None  # prepare names the problem
 
 
 def _prepared_rows(cfg: WorkflowConfig) -> Dict[str, Dict[str, Any]]:
