@@ -393,7 +393,8 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
         log.info(f"prepare: wrote {final}: {tr['documents']:,} documents, {tr['samples']:,} samples, "
                  f"{tr['tokens']:,} tokens ({tr['trained_tokens']:,} trained) in {meta['seconds']:.1f}s; "
                  f"{meta['bad_records']} bad records skipped, {meta['truncated']} truncated, "
-                 f"{meta['dropped_overlong']} dropped as overlong")
+                 f"{meta['dropped_overlong']} dropped as overlong, "
+                 f"{meta.get('dropped_untrained', 0)} dropped as truncated to nothing trained")
         for line in describe_sources(meta):
             log.info("prepare:   %s", line)
     prepared = Prepared(final, key, False, meta)
@@ -421,6 +422,20 @@ class _MixPlan:
     rows: List[Dict[str, Any]]
 
 
+def _why_none(counts: Dict[str, int], seq_len: int) -> str:
+    """Why a source gave no document: each way its records were lost, counted, with the fix."""
+    reasons = []
+    if counts["bad_records"]:
+        reasons.append(f"{counts['bad_records']} bad records skipped")
+    if counts["dropped_untrained"]:
+        reasons.append(f"{counts['dropped_untrained']} truncated to train.seq_len={seq_len} with no trained token "
+                       "left (the answer came after the cut: raise train.seq_len, or shorten the prompts)")
+    if counts["dropped_overlong"]:
+        reasons.append(f"{counts['dropped_overlong']} longer than train.seq_len={seq_len}, dropped "
+                       "(data.overlong=drop: raise train.seq_len, or data.overlong=truncate)")
+    return f" of {counts['records']} records: " + "; ".join(reasons) + "." if reasons else f" ({counts['records']} records)."
+
+
 def _mix(cfg: WorkflowConfig, sources: Sequence[Source], read: Sequence[_Docs], held: Optional[_Docs]) -> _MixPlan:
     """Hold out, take each source's share and shuffle, all from one generator seeded by ``data.seed``.
 
@@ -438,10 +453,8 @@ def _mix(cfg: WorkflowConfig, sources: Sequence[Source], read: Sequence[_Docs], 
     for src, docs in zip(sources, read):
         n = len(docs.offsets) - 1
         if n == 0:
-            bad = docs.counts["bad_records"]
             what = f"{d.path!r}" if src.key == "data.path" else f"{src.name!r} ({src.path})"
-            raise DataError(f"{src.key}={what}: no usable documents" + (f" ({bad} bad records skipped)" if bad else "")
-                            + ".")
+            raise DataError(f"{src.key}={what}: no usable documents" + _why_none(docs.counts, cfg.train.seq_len))
         if held is None and d.eval_fraction > 0:
             is_held = rng.random(n) < d.eval_fraction  # document-level, seeded: the same on every run
             if is_held.all():

@@ -110,3 +110,15 @@ def test_a_broken_json_array_is_named_by_its_line(tmp_path: Path) -> None:
                    chat_template="chatml")
     with pytest.raises(DataError, match=r"broken\.json:\d+: the file starts as a JSON array but is not valid JSON"):
         prepare(cfg, num_workers=1, progress=False)
+
+
+def test_records_truncated_to_nothing_trained_are_named_with_the_fix(tmp_path: Path) -> None:
+    # Alpaca's classic prompt (no chat template) is longer than a short seq_len: every answer falls past the cut.
+    path = tmp_path / "alpaca_data.json"
+    path.write_text(json.dumps(ALPACA))
+    cfg = make_cfg(tmp_path / "run", seq_len=64, source=DataSource.jsonl, path=str(path), format=DataFormat.alpaca,
+                   eval_fraction=0.0)
+    with pytest.raises(DataError) as err:
+        prepare(cfg, num_workers=1, progress=False)
+    assert "no usable documents of 12 records: 12 truncated to train.seq_len=64 with no trained token left" \
+        in str(err.value) and "raise train.seq_len" in str(err.value)

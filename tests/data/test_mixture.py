@@ -206,5 +206,5 @@ def test_a_source_left_empty_is_named(tmp_path: Path, three: Dict[str, Path]) ->
     srcs = [SourceConfig(path=str(three["chat"]), weight=1), SourceConfig(path=str(empty), weight=1)]
     cfg = make_cfg(tmp_path / "run", source=DataSource.jsonl, format=DataFormat.conversation, chat_template="chatml",
                    sources=srcs, on_bad_record=OnBadRecord.skip)
-    with pytest.raises(DataError, match=r"data.sources\[1\]='empty.jsonl'.*no usable documents \(1 bad"):
+    with pytest.raises(DataError, match=r"data.sources\[1\]='empty.jsonl'.*no usable documents of 1 records: 1 bad records skipped"):
         prepare(cfg, num_workers=1, progress=False)
