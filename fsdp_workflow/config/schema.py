@@ -271,6 +271,10 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # HF gradient checkpointing (do not combine with FSDP's)
     trust_remote_code: bool = False
     extra_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields set on top (rope_scaling...)
+    # MoE only: weight of the router's load-balancing loss added to the step loss (a dimensionless
+    # coefficient on transformers' load_balancing_loss_func). None: the model config's own
+    # router_aux_loss_coef; 0: off; a value: that coefficient. Logged as aux_loss in metrics.jsonl.
+    router_aux_loss_coef: Optional[float] = bounded(None, ge=0)
 
 
 @dataclass

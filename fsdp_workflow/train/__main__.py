@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_workflow.train.checkpoint import CheckpointError
     from fsdp_workflow.train.data import DataError
     from fsdp_workflow.train.loop import main as train
+    from fsdp_workflow.train.loss import LossConfigError
     from fsdp_workflow.train.optim import OptimizerError
     from fsdp_workflow.train.parallel import StrategyError
     from fsdp_workflow.train.runlock import RunLocked
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunLocked as e:  # one line on every rank, nothing written into the run
         log.error("fsdp_workflow.train [rank %s]: %s", os.environ.get("RANK", "0"), e)
         return EXIT_USAGE
-    except (StrategyError, DataError, OptimizerError, CheckpointError, FileNotFoundError) as e:
+    except (StrategyError, DataError, OptimizerError, CheckpointError, LossConfigError, FileNotFoundError) as e:
         rank = os.environ.get("RANK", "0")
         report_user_error(log, f"fsdp_workflow.train [rank {rank}]: error: {e}", e)
         return EXIT_USAGE

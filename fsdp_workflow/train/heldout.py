@@ -3,7 +3,7 @@
 The evaluation stage (:mod:`fsdp_workflow.evaluate`) measures each consolidated checkpoint
 on the very tokens the trainer evaluates on, with the very loss it trains with, so its
 numbers line up with ``eval_loss`` in ``metrics.jsonl``. This module is what it uses of the
-trainer, so the trainer's data pipeline (:mod:`.data`) and model helpers (:mod:`.model`) can
+trainer, so the trainer's data pipeline (:mod:`.data`) and loss (:mod:`.loss`) can
 change inside ``train/`` without another stage noticing.
 """
 
@@ -16,7 +16,7 @@ import torch
 from fsdp_workflow.config.schema import WorkflowConfig
 
 from .data import DataError, SampleSource, open_sources, pad_token_id
-from .model import IGNORE_INDEX, loss_sum
+from .loss import IGNORE_INDEX, loss_sum
 
 __all__ = ["DataError", "IGNORE_INDEX", "SampleSource", "held_out_samples", "token_loss_sum"]
 

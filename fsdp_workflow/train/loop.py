@@ -59,9 +59,10 @@ from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, Checkpoi
 from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import collective_timeout, peer_timeout_reported
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
+from fsdp_workflow.train.loss import LossSums, install_loss_forward, router_aux_coef
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
 from fsdp_workflow.train.mesh import MeshDims, TrainMesh
-from fsdp_workflow.train.metrics import MetricsLogger, flops_per_token, guess_peak_tflops
+from fsdp_workflow.train.metrics import MetricsLogger, active_parameters, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
 from fsdp_workflow.train.runlock import hold_run_lock
 from fsdp_workflow.train.signals import PreemptionFlag
@@ -69,9 +70,6 @@ from fsdp_workflow.train.ema import EmaState
 from fsdp_workflow.train.state import StepRng, after_optimizer_step, trainer_parts
 from fsdp_workflow.data.tokenizer import load_tokenizer
 
-# Model types whose *ForCausalLM forward is "decoder, then lm_head": for these the
-# loss runs chunked over positions (install_chunked_loss_forward); others use HF's.
-CHUNKED_LOSS_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 logger = logging.getLogger(__name__)
 
 
@@ -136,18 +134,6 @@ class Ranks:
         return int(self.accelerator.gradient_accumulation_steps)
 
 
-def install_loss_forward(model: torch.nn.Module, model_type: str, compile_loss: bool = False) -> None:
-    """Give the bare model ``forward(input_ids, labels, position_ids) -> summed token loss``.
-
-    The sum (not a mean) lets :func:`optimizer_step` weight every trained token of
-    a step equally, whichever micro-batch and rank it falls on.
-    """
-    if model_type in CHUNKED_LOSS_MODEL_TYPES:
-        model_lib.install_chunked_loss_forward(model, compile_loss=compile_loss)
-    else:
-        model_lib.install_logits_loss_forward(model)
-
-
 def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
     """``torch.compile`` each decoder layer's forward in place.
 
@@ -169,6 +155,7 @@ class Trainee:
     hf_config: Any
     generation_config: Optional[Any]
     tied: list[tuple[str, str]]  # (alias, owner) parameter names that are one parameter after wrapping
+    aux_coef: float  # weight of the router's load-balancing loss in each micro-batch's loss (0: not computed)
 
 
 def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
@@ -186,7 +173,8 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
         cfg,
         build,
         lambda m: build_optimizer(m.parameters(), cfg.optimizer, ranks.device.type),
-        lambda m: install_loss_forward(m, cfg.model.model_type, compile_loss=cfg.train.compile),
+        lambda m: install_loss_forward(m, compile_loss=cfg.train.compile,
+                                       router_loss=router_aux_coef(cfg.model.router_aux_loss_coef, m.config) > 0),
         mesh=ranks.mesh,
     )
     bare = getattr(prepared.model, "module", prepared.model)  # DDP and DeepSpeed wrap; FSDP2 does not
@@ -198,20 +186,24 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
     scheduler = build_scheduler(prepared.torch_optimizer, cfg.optimizer, cfg.train.max_steps)
     if cfg.train.compile:
         compile_layers(prepared.model, [c.strip() for c in cfg.model.decoder_layer_cls.split(",")])
+    coef = router_aux_coef(cfg.model.router_aux_loss_coef, built["config"])
     return Trainee(prepared, scheduler, built["config"], built["generation_config"],
-                   model_lib.tied_parameter_names(bare))
+                   model_lib.tied_parameter_names(bare), coef)
 
 
-def model_flops_per_token(trainee: Trainee, cfg: WorkflowConfig) -> tuple[int, float]:
-    """The parameter count and training FLOPs per token (tied embeddings count once)."""
+def model_flops_per_token(trainee: Trainee, cfg: WorkflowConfig) -> tuple[int, int, float]:
+    """The parameter count, the count one token runs through (MoE: ``top_k`` of its experts), and training
+    FLOPs per token from the active count (tied embeddings count once), all from the model as built."""
     model = trainee.prepared.model
-    num_params = sum(p.numel() for p in model.parameters())
+    hf = trainee.hf_config
+    numels = [(n, p.numel()) for n, p in model.named_parameters()]
+    experts = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None)
+    active = active_parameters(numels, experts, getattr(hf, "num_experts_per_tok", None))
     unwrapped = getattr(model, "module", model)
     emb = unwrapped.get_input_embeddings().weight.numel() if hasattr(unwrapped, "get_input_embeddings") else 0
-    tied = bool(getattr(trainee.hf_config, "tie_word_embeddings", False))
-    fpt = flops_per_token(num_params, cfg.model.num_hidden_layers, cfg.model.hidden_size, cfg.train.seq_len,
-                          0 if tied else emb)
-    return num_params, fpt
+    tied = bool(getattr(hf, "tie_word_embeddings", False))
+    fpt = flops_per_token(active, hf.num_hidden_layers, hf.hidden_size, cfg.train.seq_len, 0 if tied else emb)
+    return sum(n for _, n in numels), active, fpt
 
 
 # ---------------------------------------------------------------- the run
@@ -292,7 +284,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     if ranks.rank == 0:
         base = cfg.model.name_or_path if cfg.model.init == ModelInit.pretrained else None
         save_hf_assets(run, trainee.hf_config, trainee.generation_config, tokenizer, base_dir=base)
-    num_params, fpt = model_flops_per_token(trainee, cfg)
+    num_params, active, fpt = model_flops_per_token(trainee, cfg)
 
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)  # TP/CP peers draw the same numbers
     ema = EmaState.maybe(cfg.train, trainee.prepared.model, cfg.strategy.name)  # before resume: starts as the weights
@@ -315,8 +307,15 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     prepared = trainee.prepared
     wrapping = f"fully_shard on {ranks.device.type}" if prepared.native_fsdp2 else ranks.accelerator.distributed_type
     log.write(f"strategy {cfg.strategy.name.value} ({wrapping}), {ranks.world} rank(s), mesh "
-              f"{ranks.mesh.dims.describe(cfg.strategy.name)}, {num_params / 1e6:.2f} M parameters, "
+              f"{ranks.mesh.dims.describe(cfg.strategy.name)}, {num_params / 1e6:.2f} M parameters"
+              f"{f' ({active / 1e6:.2f} M active per token)' if active != num_params else ''}, "
               f"grad_accum {ranks.grad_accum}")
+    if trainee.aux_coef > 0:
+        log.write(f"router load-balancing loss: coefficient {trainee.aux_coef:g} (model.router_aux_loss_coef), "
+                  "logged as aux_loss")
+    if prepared.native_fsdp2:
+        units = parallel.shard_units(prepared.model)
+        log.write("fully_shard units: " + ", ".join(f"{n} x {name}" for name, n in units.items()))
     for alias, owner in trainee.tied:
         log.write(f"tied: {alias} is {owner} (one parameter, trained once)")
     ac = cfg.strategy.activation_checkpointing
@@ -438,13 +437,16 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     batches = [s.batches.next() for _ in range(grad_accum)]
     trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device)) // peers
     scale = loss_scale(int(trained.item()), dp_size, grad_accum)
-    loss_sum = torch.zeros((), device=device)
+    coef = s.trainee.aux_coef
+    sums = torch.zeros(2, device=device)  # (summed cross-entropy, summed router aux loss) of this rank
     for micro, batch in enumerate(batches):
         batch = batch.to(device)
         with parallel.no_sync(prepared, accelerator, enabled=micro < grad_accum - 1):
-            summed = forward(prepared.model, batch)
-            accelerator.backward(summed * scale)
-        loss_sum += summed.detach().float()
+            out = forward(prepared.model, batch)
+            accelerator.backward(micro_batch_loss(out, scale, coef))
+        sums[0] += out.ce.detach().float()
+        if out.aux is not None:
+            sums[1] += out.aux.detach().float()
     grad_norm = parallel.clip_grad_norm(prepared, accelerator, s.cfg.optimizer.max_grad_norm)
     lr = s.trainee.scheduler.get_last_lr()[0]
     prepared.optimizer.step()
@@ -453,8 +455,8 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     s.rng.step += 1
     after_optimizer_step(s.parts, s.rng.step)  # the EMA (train/ema.py)
 
-    # One collective per step: the mean loss and "did any rank get a signal".
-    stats = global_sum(torch.stack([loss_sum, torch.tensor(float(s.flag.requested), device=device)]))
+    # One collective per step: the loss sums (cross-entropy, router) and "did any rank get a signal".
+    stats = global_sum(torch.cat([sums, torch.tensor([float(s.flag.requested)], device=device)]))
     dt = time.perf_counter() - t0
     # Input tokens, padding included: what the GPUs processed (and what MFU counts, over all ranks).
     tokens = dp_size * grad_accum * s.cfg.train.micro_batch_size * s.cfg.train.seq_len
@@ -471,9 +473,11 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
         "step_time_s": dt,
         "samples_consumed": s.batches.position,
     }
+    if coef > 0:  # mean over micro-batches and data-parallel ranks (each batch once): what coef multiplied
+        record["aux_loss"] = stats[1].item() / (world * grad_accum)
     if device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    return record, stats[1].item() > 0
+    return record, stats[2].item() > 0
 
 
 def nonfinite(record: Mapping[str, Any]) -> str:
@@ -510,8 +514,22 @@ def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:
     return world * grad_accum / max(num_trained, 1)
 
 
-def forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The summed token loss of ``batch`` (the installed loss forward; see :func:`install_loss_forward`)."""
+def micro_batch_loss(out: LossSums, scale: float, aux_coef: float) -> torch.Tensor:
+    """What one micro-batch back-propagates: its summed cross-entropy times :func:`loss_scale`, plus
+    ``aux_coef`` times its router loss.
+
+    The router loss is already a mean over the micro-batch's positions, as transformers
+    adds it (``loss + router_aux_loss_coef * aux_loss``), so it takes no token scaling:
+    the data-parallel reduction and Accelerate's division by ``grad_accum`` average it
+    over ranks and micro-batches, and the step's gradient is that of
+    ``(cross-entropy per trained token of the step) + aux_coef * (mean router loss)``.
+    """
+    loss = out.ce * scale
+    return loss + aux_coef * out.aux if out.aux is not None else loss
+
+
+def forward(model: torch.nn.Module, batch: Batch) -> LossSums:
+    """The summed token loss of ``batch`` and its router loss (the installed forward: :mod:`.loss`)."""
     return model(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids)
 
 
@@ -533,7 +551,7 @@ def evaluate(s: Session) -> float:
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # (summed loss, trained tokens)
     for _ in range(max(1, cfg.train.eval_batches)):
         batch = batches.next().to(device)
-        totals += torch.stack([forward(model, batch).double(), batch.num_trained().double()])
+        totals += torch.stack([forward(model, batch).ce.double(), batch.num_trained().double()])
     global_sum(totals)
     model.train()
     return totals[0].item() / max(totals[1].item(), 1.0)

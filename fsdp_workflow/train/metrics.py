@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from fsdp_workflow.core.logs import close_bar, progress_bar
 from fsdp_workflow.core.rundir import atomic_write_text
@@ -50,8 +50,34 @@ def guess_peak_tflops(device_type: str, configured: Optional[float]) -> float:
 
 
 def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int, embedding_params: int = 0) -> float:
-    """Training FLOPs per token: 6 per non-embedding parameter plus causal attention (PaLM appendix B)."""
+    """Training FLOPs per token: 6 per non-embedding parameter plus causal attention (PaLM appendix B).
+
+    For a mixture of experts ``num_params`` is the *active* count (:func:`active_parameters`):
+    a token runs through ``top_k`` experts, not all of them.
+    """
     return 6.0 * (num_params - embedding_params) + 6.0 * num_layers * hidden * seq_len
+
+
+def active_parameters(numels: Iterable[tuple[str, int]], num_experts: Optional[int], top_k: Optional[int]) -> int:
+    """Parameters one token runs through: routed experts count ``top_k / num_experts`` of their size.
+
+    Args:
+        numels: ``(name, numel)`` of every parameter, each once (global sizes, not shards).
+        num_experts: experts per MoE layer (HF ``num_experts`` / ``num_local_experts``); None: dense.
+        top_k: experts each token is routed to (``num_experts_per_tok``).
+
+    Returns:
+        The count; for a dense model, all of them.
+
+    A routed expert's weights are those under a module named ``experts`` (transformers
+    stores each layer's experts as 3-D ``experts.gate_up_proj``/``down_proj``); a shared
+    expert (``shared_expert``) and the router run for every token and count whole.
+    """
+    total = 0
+    for name, numel in numels:
+        routed = num_experts and top_k and "experts" in name.split(".")
+        total += numel * top_k // num_experts if routed else numel
+    return total
 
 
 class MetricsLogger:

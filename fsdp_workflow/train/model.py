@@ -17,7 +17,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fsdp_workflow.config.schema import ModelConfig, ModelInit  # noqa: E402
@@ -156,7 +155,8 @@ def untied(model: nn.Module) -> list[str]:
     """
     wanted = getattr(model, "all_tied_weights_keys", None) or {}
     # Activation checkpointing and torch.compile insert a module level into the names.
-    names = {n.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "") for n, _ in model.named_parameters()}
+    names = {n.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+             for n, _ in model.named_parameters()}
     return [f"{t} -> {s}" for t, s in wanted.items() if t in names and s in names]
 
 
@@ -199,95 +199,3 @@ def decoder_layer_classes(model: nn.Module, names: Optional[list[str]]) -> Tuple
             "Fix model.decoder_layer_cls in the config."
         )
     return tuple(found[n] for n in wanted)
-
-
-IGNORE_INDEX = -100  # a label without loss (the token cache's and PyTorch's convention)
-
-
-def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # A sum, not a mean: a chunk (or a whole micro-batch) without a trained token
-    # gives 0 with a graph, where a mean would give 0/0 = NaN.
-    return F.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=IGNORE_INDEX)
-
-
-def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy: position ``t`` predicts ``labels[t + 1]``; ``-100`` targets are skipped.
-
-    Args:
-        logits: ``[batch, seq, vocab]``.
-        labels: ``[batch, seq]``, aligned with the input ids (the shift happens here).
-
-    Returns:
-        A float32 scalar; 0 (with a graph) when no target is trained.
-    """
-    return _cross_entropy_sum(logits[:, :-1, :].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
-
-
-def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192, compile_loss: bool = False) -> None:
-    """Give ``model`` a ``forward(input_ids, labels, position_ids) -> loss sum`` that never holds all logits.
-
-    The decoder runs through ``model.model`` with the packed position ids and
-    ``use_cache=False``: with no attention mask and no cache, transformers reads
-    document boundaries from position ids that restart at 0 and keeps attention
-    inside each document (sdpa and eager get a block-diagonal causal mask, flash
-    attention its variable-length path). The ``lm_head`` projection and the
-    cross-entropy then run over chunks of positions, each recomputed in backward
-    (activation-checkpointed), so the fp32 logits of a 32k-vocab model are never
-    materialised for the whole micro-batch. The override is set on the instance
-    so that ``Module.__call__`` and therefore FSDP's root hooks still wrap it, and
-    parameter names (the checkpoint keys) do not change.
-
-    The forward returns the *sum* of the token losses (see :func:`loss_sum`); the
-    loop divides by the number of trained tokens of the whole step. Every chunk
-    goes through ``lm_head`` even when none of its targets is trained: skipping it
-    would leave ``lm_head`` out of this rank's backward and FSDP's gradient
-    reduction would wait for it forever.
-
-    Args:
-        model: a ``*ForCausalLM`` with ``.model`` and ``.lm_head`` (or ``get_output_embeddings``).
-        chunk_tokens: positions per chunk (batch * seq positions).
-        compile_loss: ``torch.compile`` the upcast + cross-entropy, so the fp32 logits
-            are never written to memory (the lm_head itself stays outside: FSDP's hooks
-            on it must not be traced).
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    backbone = getattr(model, model.base_model_prefix)
-    head = model.get_output_embeddings()
-
-    ce = torch.compile(_cross_entropy_sum) if compile_loss else _cross_entropy_sum
-
-    def _chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ce(head(h), y)
-
-    def forward(input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        hidden = backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        hidden = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
-        targets = labels[:, 1:].reshape(-1)
-        total = hidden.new_zeros((), dtype=torch.float32)
-        n = hidden.size(0)
-        for start in range(0, n, chunk_tokens):
-            h, y = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
-            if torch.is_grad_enabled() and n > chunk_tokens:
-                total = total + checkpoint(_chunk_loss, h, y, use_reentrant=False)
-            else:
-                total = total + _chunk_loss(h, y)
-        return total
-
-    model.forward = forward  # type: ignore[method-assign]
-
-
-def install_logits_loss_forward(model: nn.Module) -> None:
-    """The same ``forward(input_ids, labels, position_ids) -> loss sum`` through the model's own forward.
-
-    For architectures outside the chunked path: the full logits are materialised,
-    as with Hugging Face's ``labels=`` loss, but the sum and the -100 handling are
-    ours, so every model type is normalised the same way by the loop.
-    """
-    hf_forward = model.forward
-
-    def forward(input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        logits = hf_forward(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
-        return loss_sum(logits, labels)
-
-    model.forward = forward  # type: ignore[method-assign]

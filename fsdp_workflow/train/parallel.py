@@ -188,6 +188,24 @@ def apply_fully_shard(model: nn.Module, options: ShardOptions, device: torch.dev
     return checkpointed
 
 
+def shard_units(model: nn.Module) -> dict[str, int]:
+    """How many modules of each class ``fully_shard`` made a unit of (one all-gather each), root included.
+
+    What the log reports, so a run shows its wrap unit: a mixture of experts is wrapped
+    per decoder layer, its experts inside it, never an expert per unit.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # FSDP2 swaps the class for FSDP<name>; a checkpoint wrapper shards the layer inside it.
+            inner = getattr(m, "_checkpoint_wrapped_module", m)
+            name = type(inner).__name__.removeprefix("FSDP")
+            units[name] = units.get(name, 0) + 1
+    return units
+
+
 def materialize_and_broadcast(
     model: nn.Module,
     full_state: Optional[dict[str, torch.Tensor]],

@@ -24,7 +24,7 @@ from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.schema import ActivationCheckpointing
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
-from fsdp_workflow.train.loop import install_loss_forward
+from fsdp_workflow.train.loss import install_loss_forward
 
 STEPS = 3
 SEQ = 32
@@ -49,14 +49,14 @@ def run_mode(accelerator: Any, overrides: list[str], mode: ActivationCheckpointi
         accelerator, cfg,
         lambda meta: model_lib.build_model(cfg.model, seed=cfg.train.seed, meta=meta),
         lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-        lambda m: install_loss_forward(m, cfg.model.model_type),
+        install_loss_forward,
     )
     model, opt = prepared.model, prepared.optimizer
     gen = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own batches, the same in every mode
     record: dict[str, Any] = {"losses": [], "grads": [], "layers": prepared.checkpointed_layers}
     for step in range(STEPS):
         ids = torch.randint(0, cfg.model.vocab_size, (2, SEQ), generator=gen)
-        loss = model(input_ids=ids, labels=ids.clone(), position_ids=torch.arange(SEQ).expand(2, SEQ))
+        loss = model(input_ids=ids, labels=ids.clone(), position_ids=torch.arange(SEQ).expand(2, SEQ)).ce
         counter = MatmulCounter()
         with counter:
             loss.backward()

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.train.data import CacheSource, RankBatches
-from fsdp_workflow.train.loop import forward, install_loss_forward
-from fsdp_workflow.train.model import build_model, install_chunked_loss_forward, install_logits_loss_forward
+from fsdp_workflow.train.loop import forward
+from fsdp_workflow.train.loss import install_chunked_loss_forward, install_logits_loss_forward, install_loss_forward
+from fsdp_workflow.train.model import build_model
 from tests.train.caches import build_cache
 
 A = [5, 66, 71, 12, 90, 33, 7]  # the document under test
@@ -54,7 +55,7 @@ def _batch_from_cache(tmp_path: Path, docs: list, seq_len: int = 16, trained: li
 def test_the_loss_of_a_document_ignores_its_neighbour(tiny: torch.nn.Module, tmp_path: Path) -> None:
     """Through the cache, the batch and the installed forward: only A trained, B or B2 beside it."""
     model = copy.deepcopy(tiny)
-    install_loss_forward(model, "llama")
+    install_loss_forward(model)
     losses = []
     for i, neighbour in enumerate((B, B2)):
         batch = _batch_from_cache(tmp_path / f"c{i}", [neighbour, A],
@@ -62,7 +63,7 @@ def test_the_loss_of_a_document_ignores_its_neighbour(tiny: torch.nn.Module, tmp
         n = len(neighbour)
         assert batch.position_ids[0, : n + len(A)].tolist() == list(range(n)) + list(range(len(A)))
         with torch.no_grad():
-            losses.append(forward(model, batch))
+            losses.append(forward(model, batch).ce)
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
     # ... and equals A's loss computed alone (its first token predicts nothing).
     logits = _logits(tiny, A, list(range(len(A))))
@@ -80,7 +81,7 @@ def test_an_all_masked_micro_batch_is_a_zero_loss_with_zero_gradients(tiny: torc
     model.train()
     install_chunked_loss_forward(model, chunk_tokens=chunk_tokens)
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
-    loss = model(input_ids=ids, labels=torch.full_like(ids, -100), position_ids=torch.arange(12).expand(2, 12))
+    loss = model(input_ids=ids, labels=torch.full_like(ids, -100), position_ids=torch.arange(12).expand(2, 12)).ce
     assert torch.isfinite(loss) and loss.item() == 0.0 and loss.requires_grad
     loss.backward()  # a graph: FSDP's gradient reduction on every rank still runs
     assert all(torch.count_nonzero(g) == 0 for g in _grads(model))
@@ -102,7 +103,7 @@ def test_masked_tokens_contribute_nothing(tiny: torch.nn.Module) -> None:
     for install in (lambda m: install_chunked_loss_forward(m, chunk_tokens=4), install_logits_loss_forward):
         model = copy.deepcopy(tiny)
         install(model)
-        loss = model(input_ids=ids, labels=labels, position_ids=positions)
+        loss = model(input_ids=ids, labels=labels, position_ids=positions).ce
         loss.backward()
         torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-5)
         results.append(_grads(model))
@@ -119,10 +120,10 @@ def test_synthetic_batches_train_every_position(tiny: torch.nn.Module) -> None:
     from fsdp_workflow.train.data import SyntheticSource
 
     model = copy.deepcopy(tiny)
-    install_loss_forward(model, "llama")
+    install_loss_forward(model)
     batch = RankBatches(SyntheticSource(10, seed=0, vocab_size=256), 2, 0, 1).next()
     with torch.no_grad():
-        loss = forward(model, batch)
+        loss = forward(model, batch).ce
         logits = tiny(input_ids=batch.input_ids, use_cache=False).logits
     expected = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), batch.input_ids[:, 1:].reshape(-1),
                                reduction="sum")
@@ -142,12 +143,12 @@ def test_the_step_gradient_weighs_every_trained_token_the_same(tiny: torch.nn.Mo
     labels[1, :11] = -100  # 1 trained target
     micro = [Batch(ids[i:i + 1], labels[i:i + 1], torch.arange(12).view(1, 12)) for i in range(2)]
     model = copy.deepcopy(tiny)
-    install_loss_forward(model, "llama")
+    install_loss_forward(model)
     scale = loss_scale(sum(int(b.num_trained()) for b in micro), world=1, grad_accum=2)
     for b in micro:
-        (forward(model, b) * scale / 2).backward()  # what accelerator.backward does with grad_accum=2
+        (forward(model, b).ce * scale / 2).backward()  # what accelerator.backward does with grad_accum=2
     ref = copy.deepcopy(tiny)
-    install_loss_forward(ref, "llama")
-    (forward(ref, Batch(ids, labels, torch.arange(12).expand(2, 12))) / 11).backward()
+    install_loss_forward(ref)
+    (forward(ref, Batch(ids, labels, torch.arange(12).expand(2, 12))).ce / 11).backward()
     for g, r in zip(_grads(model), _grads(ref)):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-7)
