@@ -1,0 +1,223 @@
+"""The family matrix: each replica fine-tuned from its directory alone, as a user would, then loaded back.
+
+One run per family (:func:`family_run`, module-scoped: every test of a family shares
+it): ``python -m fsdp_workflow +experiment=smoke_chat model.name_or_path=DIR`` on the
+shipped conversations rendered by the family's own template, which prepares the
+data, trains 2 steps with FSDP2 (the default strategy) on 2 gloo ranks, and
+consolidates (verification on, the default). Then the consolidated model against
+the directory it started from:
+
+- the same tensor names, shapes and dtypes in its safetensors, and the same tie;
+- the same config, but for what training changes; the tokenizer (vocabulary,
+  special tokens, template) and the generation config as they were;
+- its logits after ``from_pretrained`` equal, exactly (tolerance 0, in the output's
+  dtype), those of the trained weights read independently of our consolidator: the
+  last DCP checkpoint through torch's own ``dcp_to_torch_save``, loaded strictly into
+  the class transformers builds from the original ``config.json``;
+- ``generate()`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Tuple
+
+import pytest
+
+from fsdp_workflow.core.rundir import list_checkpoints
+from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
+from tests.data.test_families import TEMPLATES
+
+from .replicas import FAMILIES, Replica
+
+pytestmark = pytest.mark.slow
+
+# As short as a run that proves the chain can be: 2 steps, a checkpoint only at the end.
+RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
+# What training may change in config.json: the dtype written (checked on its own) and where it was loaded from.
+CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version", "dtype"})
+ATTENTION = "eager"  # one implementation every family has, for both sides of the logits comparison
+
+# What the matrix shows missing today: test -> (the rows it fails on, why). Strict: when a fix lands
+# the test passes, pytest reports it failed (XPASS strict), and its line here goes with the fix.
+OPEN: Dict[str, Tuple[frozenset, str]] = {
+    "test_same_dtype_as_the_directory": (
+        frozenset(r.key for r in FAMILIES if r.dtype == "bfloat16"),
+        "consolidate.dtype=keep (smoke, smoke_chat) writes the checkpoint's fp32 master weights, "
+        "not the directory's bf16"),
+    "test_same_tensor_names_shapes_and_tie": (
+        frozenset({"qwen3-moe", "mixtral"}),
+        "the consolidator writes transformers 5's fused in-memory expert tensors (mlp.experts.gate_up_proj "
+        "[E, 2I, H], mlp.experts.down_proj [E, H, I]), not the per-expert names the directory and the hub hold"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _open_gap(request: pytest.FixtureRequest) -> None:
+    rows, why = OPEN.get(request.node.originalname, (frozenset(), ""))
+    if request.node.callspec.params["family_run"].key in rows:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=why))
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    row: Replica
+    base: Path  # the replica's directory, as the user downloaded it
+    run_dir: Path
+
+    @property
+    def out(self) -> Path:
+        return self.run_dir / "hf_model"
+
+
+def _cli(row: Replica, base: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    # A family with a stock template trains on it (smoke_chat names chatml for the tiny byte-level
+    # models, which have none); a base model without one is given chatml, as its user must.
+    template = "data.chat_template=null" if row.chat else "data.chat_template=chatml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this torchrun
+    argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke_chat", f"model.name_or_path={base}",
+            f"run_dir={run_dir}", template, *RUN, *row.run]
+    return subprocess.run(argv, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda r: r.key)
+def family_run(request: pytest.FixtureRequest, replica: Callable[[Replica], Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[FamilyRun]:
+    row: Replica = request.param
+    run_dir = tmp_path_factory.mktemp(f"run-{row.key}") / "run"
+    proc = _cli(row, replica(row), run_dir)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    yield FamilyRun(row, replica(row), run_dir)
+
+
+def _layout(directory: Path) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+    """Every tensor of a model directory's safetensors: name -> (shape, dtype), as other tools read them."""
+    from safetensors import safe_open
+
+    out: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                sl = f.get_slice(key)
+                out[key] = (tuple(sl.get_shape()), sl.get_dtype())
+    return out
+
+
+def _differences(got: Dict[str, Any], want: Dict[str, Any]) -> Dict[str, Any]:
+    """What differs between two name -> value maps, named briefly for a failure message."""
+    return {"only in the consolidated model": sorted(set(got) - set(want)),
+            "only in the directory": sorted(set(want) - set(got)),
+            "different": {k: (got[k], want[k]) for k in set(got) & set(want) if got[k] != want[k]}}
+
+
+def test_same_tensor_names_shapes_and_tie(family_run: FamilyRun) -> None:
+    got, want = _layout(family_run.out), _layout(family_run.base)
+    shapes, want_shapes = {k: s for k, (s, _) in got.items()}, {k: s for k, (s, _) in want.items()}
+    assert shapes == want_shapes, _differences(shapes, want_shapes)
+    tied = json.loads((family_run.out / "config.json").read_text())["tie_word_embeddings"]
+    assert tied is family_run.row.tied
+    assert ("lm_head.weight" in got) is not family_run.row.tied  # tied: one tensor for both, as transformers writes
+
+
+def test_same_dtype_as_the_directory(family_run: FamilyRun) -> None:
+    got, want = _layout(family_run.out), _layout(family_run.base)
+    assert {d for _, d in got.values()} == {d for _, d in want.values()}
+    config = json.loads((family_run.out / "config.json").read_text())
+    assert config.get("torch_dtype", config.get("dtype")) == family_run.row.dtype
+
+
+def test_config_kept_but_for_what_training_changes(family_run: FamilyRun) -> None:
+    from transformers import AutoConfig
+
+    got = AutoConfig.from_pretrained(str(family_run.out)).to_dict()
+    want = AutoConfig.from_pretrained(str(family_run.base)).to_dict()
+    changed = {k: (want.get(k), got.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    assert set(changed) <= CONFIG_CHANGES, changed
+
+
+def test_tokenizer_and_generation_config_as_they_were(family_run: FamilyRun) -> None:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    def gen(d: Path) -> Dict[str, Any]:
+        return {k: v for k, v in GenerationConfig.from_pretrained(str(d)).to_dict().items()
+                if k != "transformers_version"}
+
+    assert (family_run.out / "generation_config.json").is_file()
+    assert gen(family_run.out) == gen(family_run.base)
+    got, want = AutoTokenizer.from_pretrained(str(family_run.out)), AutoTokenizer.from_pretrained(str(family_run.base))
+    assert (family_run.out / "tokenizer.json").is_file() and (family_run.out / "tokenizer_config.json").is_file()
+    assert got.get_vocab() == want.get_vocab()
+    assert got.special_tokens_map == want.special_tokens_map
+    if family_run.row.chat:
+        assert got.chat_template == (TEMPLATES / family_run.row.template_file).read_text()
+    else:
+        assert got.chat_template is None and want.chat_template is None
+
+
+def test_the_data_was_rendered_by_the_family_template(family_run: FamilyRun) -> None:
+    """The prepare step used the directory's own template (or the one named for a base model)."""
+    pointer = json.loads((family_run.run_dir / "data.json").read_text())
+    meta = json.loads((Path(pointer["cache"]) / "meta.json").read_text())
+    row = family_run.row
+    want = (TEMPLATES / row.template_file).read_text() if row.chat else SHIPPED_TEMPLATES["chatml"]
+    assert meta["chat_template"] == want
+    assert meta["splits"]["train"]["trained_tokens"] > 0
+
+
+def _prompt(tokenizer: Any, row: Replica) -> Any:
+    # Every template accepts user/assistant turns; the one refusing system turns (Gemma 2) gets none.
+    conv = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "2 + 2 = 4."},
+            {"role": "user", "content": "And times 3?"}]
+    template = None if row.chat else SHIPPED_TEMPLATES["chatml"]
+    return tokenizer.apply_chat_template(conv, add_generation_prompt=True, return_tensors="pt", return_dict=True,
+                                         chat_template=template)["input_ids"]
+
+
+def _trained_weights(run_dir: Path) -> Dict[str, Any]:
+    """The model part of the last DCP checkpoint, read by torch's own converter (not the consolidator)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    _, last = list_checkpoints(run_dir / "checkpoints")[-1]
+    dest = run_dir.parent / "trained.pt"
+    dcp_to_torch_save(str(last), str(dest))
+    return torch.load(str(dest), weights_only=False)["model"]
+
+
+def test_logits_equal_the_trained_weights(family_run: FamilyRun) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = AutoModelForCausalLM.from_pretrained(str(family_run.out), attn_implementation=ATTENTION).eval()
+    config = AutoConfig.from_pretrained(str(family_run.base), attn_implementation=ATTENTION)
+    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    state = _trained_weights(family_run.run_dir)
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or family_run.row.tied)
+    ref.tie_weights()
+    ref = ref.to(out.dtype)
+    base = AutoModelForCausalLM.from_pretrained(str(family_run.base), attn_implementation=ATTENTION,
+                                                dtype=out.dtype).eval()
+    ids = _prompt(AutoTokenizer.from_pretrained(str(family_run.base)), family_run.row)
+    with torch.no_grad():
+        got, want, before = out(input_ids=ids).logits, ref(input_ids=ids).logits, base(input_ids=ids).logits
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert not torch.equal(got, before)  # the run trained: the reference is not the starting point
+
+
+def test_generate_runs(family_run: FamilyRun) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(family_run.out)).eval()
+    ids = _prompt(AutoTokenizer.from_pretrained(str(family_run.out)), family_run.row)
+    with torch.no_grad():
+        new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                             do_sample=False)
+    assert new.shape == (1, ids.shape[1] + 4) and torch.equal(new[:, : ids.shape[1]], ids)
