@@ -6,7 +6,11 @@
     python -m fsdp_workflow --help | --cfg job | -m train.micro_batch_size=1,2
 
 Exit codes: 0 success, 2 invalid config (nothing was written or submitted),
-75 stopped on a signal after checkpointing, anything else a failure.
+75 stopped on a signal after checkpointing, anything else a failure
+(docs/reliability.md lists them). A ``-m`` sweep runs every point whatever
+another point did, and exits with the worst point's code
+(:func:`fsdp_workflow.core.exit_codes.worst`); a signal that stops the command
+(Ctrl-C, SIGTERM) stops the sweep at the point it reached.
 
 Every problem of a config is reported at once, unknown keys included. Hydra's
 own composition errors (a YAML syntax error in an experiment file, an option a
@@ -29,7 +33,7 @@ import hydra
 from omegaconf import DictConfig
 
 from fsdp_workflow.config import CONF_DIR, register_configs, register_resolvers
-from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_USAGE, SWEEP_STOPPING, worst
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 
 register_configs()
@@ -45,6 +49,9 @@ _pending_issues: List[Any] = []  # unknown command-line keys, reported with the 
 _existing_dirs: List[str] = []  # run_dir as it existed before Hydra ran: never removed on a refusal
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 _user_full_error: Optional[str] = None  # the user's HYDRA_FULL_ERROR, restored for the task's children
+_sweep_codes: List[int] = []  # each sweep point's exit code, in the order they ran
+_sweep_dir: Optional[str] = None  # the sweep's directory, once a point recorded itself there
+_num_points: Optional[int] = None  # how many points the sweep has, when main() could count them
 
 
 def _fail_config(message: str, heading: str = "invalid config") -> None:
@@ -74,6 +81,30 @@ def _hydra_main(dcfg: DictConfig) -> None:
     global _task_started
     _task_started = True
     _restore_full_error_env()
+    if not _in_multirun():
+        rc = _task(dcfg)
+        if rc:
+            raise SystemExit(rc)
+        return
+    # A sweep point: whatever it does (refused, diverged, crashed), the next point runs; returning
+    # lets Hydra's loop go on, and main() exits with the worst point's code (exit_codes.worst).
+    try:
+        rc = _task(dcfg)
+    except SystemExit as exc:  # a refusal (exit 2) printed its message
+        rc = exc.code if isinstance(exc.code, int) else EXIT_FAILURE
+    except Exception:  # noqa: BLE001 - one point's crash: its traceback, then the next point
+        log.exception("fsdp_workflow: sweep point %s failed with an unexpected error (exit %d); "
+                      "the next point runs", _point_num(), EXIT_FAILURE)
+        rc = EXIT_FAILURE
+    global _sweep_dir
+    _sweep_dir = _record_sweep_point(dcfg, rc)
+    _sweep_codes.append(rc)
+    if rc in SWEEP_STOPPING:  # the user (or a scheduler) stopped the sweep's process: run no further point
+        raise SystemExit(worst(_sweep_codes))
+
+
+def _task(dcfg: DictConfig) -> int:
+    """One job of Hydra: validate, lock, plan and launch; the exit code (SystemExit for a refusal)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from fsdp_workflow.config.errors import ConfigError
@@ -119,12 +150,22 @@ def _hydra_main(dcfg: DictConfig) -> None:
             log.info("fsdp_workflow: note: %s", note)
         for warning in report.warnings:
             log.warning("fsdp_workflow: warning: %s", warning.format())
-        rc = _plan_and_launch(cfg, lock)
+        return _plan_and_launch(cfg, lock)
     finally:
         lock.release()
-    _record_sweep_point(cfg, rc)
-    if rc:  # success returns, so a multirun sweep goes on to its next job
-        raise SystemExit(rc)
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _point_num() -> int:
+    from hydra.core.hydra_config import HydraConfig
+
+    return int(HydraConfig.get().job.num)
 
 
 def _lock_run_dir(cfg) -> Any:
@@ -147,20 +188,48 @@ def _lock_run_dir(cfg) -> Any:
     raise AssertionError("unreachable")
 
 
-def _record_sweep_point(cfg, rc: int) -> None:
-    """In a ``-m`` sweep: this point's run dir, job ids and exit code go into ``SWEEP_DIR/sweep.json``."""
+def _record_sweep_point(dcfg: DictConfig, rc: int) -> str:
+    """This sweep point's run dir, job ids and exit code go into ``SWEEP_DIR/sweep.json``; the sweep dir."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return
     from fsdp_workflow.launch.sweep import record_point
 
+    hc = HydraConfig.get()
+    try:  # the point's run_dir (a swept run_dir=a,b, else Hydra's job dir); a refusal may have found it unusable
+        run_dir = str(dcfg.run_dir)
+    except Exception:  # noqa: BLE001 - an interpolation that failed: the point ran in Hydra's job dir
+        run_dir = str(hc.runtime.output_dir)
     sweep_dir = Path(str(hc.sweep.dir)).absolute()
-    record_point(sweep_dir, int(hc.job.num), list(hc.overrides.task), Path(cfg.run_dir).absolute(), rc)
+    record_point(sweep_dir, int(hc.job.num), list(hc.overrides.task),
+                 Path(os.path.expanduser(run_dir)).absolute(), rc)
+    return str(sweep_dir)
+
+
+def _sweep_summary(codes: List[int], num_points: Optional[int]) -> str:
+    """The sweep's last line: how many points ended how, the code the command exits with, where to look."""
+    from collections import Counter
+
+    from fsdp_workflow.core.exit_codes import MEANINGS
+
+    def how(code: int) -> str:
+        return "finished" if code == 0 else f"exited {code} ({MEANINGS.get(code, 'failed')})"
+
+    ended = ", ".join(f"{n} {how(code)}" for code, n in sorted(Counter(codes).items()))
+    total = num_points if num_points is not None else len(codes)
+    line = f"fsdp_workflow: sweep: {len(codes)} of {total} points ran: {ended}"
+    if codes and codes[-1] in SWEEP_STOPPING and len(codes) < total:
+        line += (f"; stopped by a signal at point {len(codes) - 1}: points {len(codes)}-{total - 1} did not run"
+                 if len(codes) < total - 1 else f"; stopped by a signal at point {len(codes) - 1}: "
+                 f"point {total - 1} did not run")
+    code = worst(codes)
+    line += f". Exit {code}" + (" (the worst point's)" if code else "")
+    if _sweep_dir is not None:
+        from fsdp_workflow.core.commands import shell
+
+        line += ". Each point's outcome: " + shell(["python", "-m", "fsdp_workflow.status", _sweep_dir])
+    return line
 
 
 def _plan_and_launch(cfg, lock) -> int:
@@ -329,9 +398,11 @@ def _validate_sweep(argv: List[str]) -> None:
     from fsdp_workflow.plan.checks import check
     from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
 
+    global _num_points
     points = _sweep_points(argv)
     if not points:
         return
+    _num_points = len(points)
     failures: List[str] = []
     seen: Dict[Tuple[str, str], int] = {}  # (key, directory) -> first point writing there
     for num, (overrides, run_dir) in enumerate(points):
@@ -417,13 +488,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Run the command line (``argv`` without the program name; default ``sys.argv[1:]``)."""
     from fsdp_workflow.config.load import normalize_overrides
 
-    global _no_experiment, _pending_issues, _user_full_error
+    global _no_experiment, _pending_issues, _user_full_error, _sweep_dir, _num_points
     from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.keys import override_key_issues
     from fsdp_workflow.config.load import experiment_selected
 
     _pending_issues = []
     _existing_dirs.clear()
+    _sweep_codes.clear()
+    _sweep_dir = _num_points = None
     normalized = normalize_overrides(list(sys.argv[1:] if argv is None else argv))
     unknown = override_key_issues(normalized)
     if unknown and _is_flagged(normalized):  # no single task to report them with: before Hydra
@@ -451,6 +524,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         # those are config errors too.
         if exc.code == 1 and not _task_started:
             raise SystemExit(EXIT_USAGE) from None
+        if _sweep_codes:  # a signal stopped the sweep at its last point
+            print(_sweep_summary(_sweep_codes, _num_points), file=sys.stderr)
         raise
     except Exception as err:
         if _task_started:
@@ -467,6 +542,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit(EXIT_USAGE) from None
     finally:
         _restore_full_error_env()
+    if _sweep_codes:  # a -m sweep ran every point: its exit code is the worst point's
+        print(_sweep_summary(_sweep_codes, _num_points), file=sys.stderr)
+        raise SystemExit(worst(_sweep_codes))
 
 
 if __name__ == "__main__":

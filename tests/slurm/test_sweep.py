@@ -72,3 +72,28 @@ def test_a_two_point_sweep_submits_two_chains_indexed_and_shown(slurm_cluster, t
     lines = {int(line.split()[0]): line for line in text.splitlines() if line.strip()[:1].isdigit()}
     assert lines[best].endswith("<- best") and not lines[1 - best].endswith("<- best"), text
     assert "optimizer.lr=0.001" in lines[0] and "done" in lines[0] and "6/6" in lines[0], text
+
+
+def test_a_point_sbatch_refuses_does_not_stop_the_next_from_submitting(slurm_cluster, tmp_path):
+    """Point 0 asks more memory than any node (sbatch refuses it, exit 2); point 1 is still submitted."""
+    sweep = tmp_path / "mem sweep"
+    argv = [sys.executable, "-m", "fsdp_workflow", "-m", "+experiment=smoke", *ph.SMOKE, "data=synthetic",
+            "name=refsweep", "cluster.check_limits=false", f"run_dir={sweep}", "cluster.mem_gb=100000,4"]
+    proc = subprocess.run(argv, cwd=ph.ROOT, capture_output=True, text=True, timeout=180)
+    submitted = ph.jobs(sweep / "1") if (sweep / "1" / "jobs.txt").exists() else {}
+    try:
+        assert proc.returncode == 2, proc.stderr + proc.stdout
+        assert "cluster.mem_gb = 100000" in proc.stderr and "sbatch refused the training job" in proc.stderr
+        assert set(submitted) == {"train", "consolidate"}, proc.stderr  # data=synthetic: no prepare job
+        index = json.loads((sweep / "sweep.json").read_text())
+        assert [(p["num"], p["exit_code"], p["jobs"]) for p in index["points"]] == [
+            (0, 2, {}), (1, 0, {role: str(job) for role, job in submitted.items()})]
+        assert not (sweep / "0" / "jobs.txt").exists()
+        assert "sweep: 2 of 2 points ran: 1 finished, 1 exited 2" in proc.stderr, proc.stderr
+        st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(sweep), "--json"],
+                            capture_output=True, text=True, timeout=60)
+        assert st.returncode == 0, st.stderr
+        states = [r["state"] for r in json.loads(st.stdout)]
+        assert states[0] == "refused (2)" and states[1] not in ("planned", "refused (2)"), states
+    finally:
+        ph.cancel_unfinished(submitted)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fsdp_workflow.config.record import RunRecord, open_run
+from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, read_sweep_index
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.status.collect import RunStatus, collect
@@ -69,6 +70,22 @@ def _state(rs: RunStatus, dry_run: bool) -> str:
     return "dry run" if dry_run else "planned"
 
 
+# How a point's own command ended, when its run directory says no more (sweep.json's exit_code).
+_ENDED = {EXIT_USAGE: "refused", EXIT_REQUEUE: "stopped", EXIT_INTERRUPTED: "interrupted", EXIT_TERMINATED: "terminated"}
+
+
+def _outcome(state: str, exit_code: object, has_jobs: bool) -> str:
+    """The point's state, with its command's exit code where that says more.
+
+    A point that never submitted jobs (a local run, or a chain refused at submission) ended
+    with its command: a non-zero code there is the outcome, whatever stage failed (planning,
+    prepare, training, consolidation), even where no ``train_exit.json`` was written.
+    """
+    if has_jobs or not isinstance(exit_code, int) or isinstance(exit_code, bool) or exit_code == 0:
+        return state
+    return f"{_ENDED.get(exit_code, 'failed')} ({exit_code})"
+
+
 def collect_sweep(sweep_dir: Path) -> List[PointStatus]:
     """Every point of the sweep in ``sweep_dir``, with the best one (lowest eval loss) marked."""
     index = read_sweep_index(sweep_dir)
@@ -86,6 +103,7 @@ def collect_sweep(sweep_dir: Path) -> List[PointStatus]:
             ps.eval_loss = (rs.last_eval or {}).get("loss", loop_eval) if rs.last_eval else loop_eval
             if record.config is not None:  # an unreadable config only loses the "/max" part
                 ps.max_steps = record.config.train.max_steps
+        ps.state = _outcome(ps.state, p.get("exit_code"), bool(ps.jobs))
         out.append(ps)
     scored = [ps for ps in out if isinstance(ps.eval_loss, (int, float))]
     if scored:

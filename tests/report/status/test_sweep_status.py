@@ -61,3 +61,17 @@ def test_no_eval_loss_marks_no_point_and_the_cli_reads_the_index(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)
     assert (row["state"], row["loss"], row["eval_loss"], row["best"]) == ("done", 3.0, None, False)
+
+
+def test_a_point_whose_command_failed_before_training_shows_its_exit_code(tmp_path: Path) -> None:
+    """No train_exit.json to read (refused at submission, prepare failed, stopped): the index's code is the outcome."""
+    points = [([f"optimizer.lr={lr}"], str(tmp_path / str(n))) for n, lr in enumerate(("1e-3", "2e-3", "3e-3", "4e-3"))]
+    record_planned(tmp_path, points)
+    _run(tmp_path / "0", "1e-3", [{"step": 1, "loss": 3.0}])  # planned, then sbatch refused it: no jobs
+    record_point(tmp_path, 0, points[0][0], tmp_path / "0", 2)
+    _run(tmp_path / "1", "2e-3", [{"step": 1, "loss": 3.0}])  # a local prepare that failed
+    record_point(tmp_path, 1, points[1][0], tmp_path / "1", 1)
+    _run(tmp_path / "2", "3e-3", [{"step": 1, "loss": 3.0}])  # SIGTERM during its prepare: the sweep stopped
+    record_point(tmp_path, 2, points[2][0], tmp_path / "2", 143)
+    rows = collect_sweep(tmp_path)
+    assert [r.state for r in rows] == ["refused (2)", "failed (1)", "terminated (143)", "planned"]
