@@ -192,6 +192,27 @@ def experts(config: Dict[str, Any]) -> Tuple[int, int]:
     return (int(n), int(k)) if isinstance(n, int) and n > 1 else (0, 0)
 
 
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def output_dtype(cfg: WorkflowConfig) -> Optional[str]:
+    """The dtype the consolidated model is written in (bf16, fp16, fp32), or None to keep the checkpoint's.
+
+    ``consolidate.dtype=auto`` is the base model's own: its ``config.json``'s ``dtype``
+    (``torch_dtype`` before transformers 5), as Hugging Face's ``dtype="auto"`` reads it;
+    for random init, or a directory that names none, the checkpoint's (fp32) is kept.
+    """
+    chosen = cfg.consolidate.dtype.value
+    if chosen != "auto":
+        return None if chosen == "keep" else chosen
+    m = cfg.model
+    directory = read_model_dir(m.name_or_path) if m.name_or_path and model_init(m) == ModelInit.pretrained else None
+    if directory is None or directory.problem is not None:
+        return None
+    own = text_config(directory.config)
+    return _DTYPES.get(str(own.get("dtype") or own.get("torch_dtype") or ""))
+
+
 def family_of(m: ModelConfig) -> hf_source.Family:
     """The family ``m`` belongs to: its directory's ``model_type`` (or remote code), else ``model.model_type``."""
     directory = read_model_dir(m.name_or_path) if m.name_or_path else None

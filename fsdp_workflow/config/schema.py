@@ -234,7 +234,8 @@ class LogLevel(str, Enum):
 
 
 class OutputDtype(str, Enum):
-    keep = "keep"  # keep the dtype the checkpoint stores
+    auto = "auto"  # the base model's own dtype (its config.json's); keep for random init (config/model_dir.py)
+    keep = "keep"  # keep the dtype the checkpoint stores (fp32: the master weights)
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
@@ -461,7 +462,7 @@ class CheckpointConfig:
 @dataclass
 class ConsolidateConfig:
     enabled: bool = True  # run the dependent consolidation step after training
-    dtype: OutputDtype = OutputDtype.bf16
+    dtype: OutputDtype = OutputDtype.auto  # auto: a fine-tuned bf16 model is written in bf16, as it came
     max_shard_size: str = "5GB"
     output_dir: Optional[str] = None  # None: RUN_DIR/hf_model
     every_checkpoint: bool = False  # consolidate and evaluate each saved checkpoint (Slurm)

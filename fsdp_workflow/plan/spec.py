@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.load import to_yaml
+from fsdp_workflow.config.model_dir import output_dtype
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
     ClusterKind,
     DataSource,
     Device,
     Launcher,
-    OutputDtype,
     WorkflowConfig,
     run_layout,
     world_size,
@@ -162,8 +162,9 @@ def consolidate_argv(cfg: WorkflowConfig, layout: RunDir, ema: bool = False) -> 
     ]
     if has_ema:
         argv += ["--subtree", EMA_KEY if ema else MODEL_KEY]
-    if cfg.consolidate.dtype != OutputDtype.keep:
-        argv += ["--dtype", cfg.consolidate.dtype.value]
+    dtype = output_dtype(cfg)  # auto: the base model's dtype
+    if dtype is not None:
+        argv += ["--dtype", dtype]
     if not cfg.consolidate.verify:
         argv.append("--no-verify")
     if cfg.consolidate.remove_sharded and not ema:

@@ -156,3 +156,18 @@ def test_explicit_rope_scaling_allows_a_longer_sequence(dirs, tmp_path: Path) ->
                         "+model.extra_config.rope_scaling={rope_type: yarn, factor: 2.0, "
                         "original_max_position_embeddings: 512}")
     assert model["extra_config"]["rope_scaling"]["rope_type"] == "yarn"
+
+
+def test_the_consolidated_model_keeps_the_directorys_dtype(dirs, tmp_path: Path) -> None:
+    bf16 = tmp_path / "bf16-model"
+    shutil.copytree(dirs["qwen3"], bf16)
+    _edit_config(bf16, dtype="bfloat16")
+    (tmp_path / "a").mkdir()
+    _planned(tmp_path / "a", f"model.name_or_path={bf16}")  # consolidate.dtype=auto, smoke_chat's value
+    assert "--dtype bf16" in (tmp_path / "a" / "run" / "consolidate.sbatch").read_text()
+    (tmp_path / "b").mkdir()
+    _planned(tmp_path / "b", f"model.name_or_path={bf16}", "consolidate.dtype=keep")
+    assert "--dtype" not in (tmp_path / "b" / "run" / "consolidate.sbatch").read_text()
+    (tmp_path / "c").mkdir()
+    _planned(tmp_path / "c")  # the random tiny model: the checkpoint's own fp32
+    assert "--dtype" not in (tmp_path / "c" / "run" / "consolidate.sbatch").read_text()
