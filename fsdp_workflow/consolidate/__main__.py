@@ -15,7 +15,13 @@ Exit status (message on stderr, no traceback, nothing left at OUT):
   with ``--no-verify``;
 * 65: the weights hold NaN or inf (each tensor named, with its counts), without
   ``--allow-nonfinite``;
-* 130: interrupted (Ctrl-C); one line says what was left.
+* 2 too: a checkpoint removed while it was being read (training pruned it: the
+  message names it and the checkpoints left);
+* 130: interrupted (Ctrl-C); 143: terminated (SIGTERM: ``kill``, ``timeout``, a
+  scheduler); one line says what was left (the partial output is removed).
+
+A staging directory (``.OUT.tmp-PID``) left by a consolidation into the same OUT that
+was killed (SIGKILL, out of memory) is removed, with a note, before writing.
 
 Where a flag would make the command go through, the message ends with the whole command
 to paste, shell-quoted.
@@ -33,9 +39,10 @@ import sys
 
 from fsdp_workflow.core.logs import setup_logging
 
-from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.interrupts import sigterm_as_ctrl_c, stopped_by
 
-from .api import consolidate
+from .api import consolidate, stopped_word
 from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .nonfinite import NonFiniteWeightsError
 
@@ -109,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGINT)
     if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
+    restore_sigterm = sigterm_as_ctrl_c()  # kill, timeout, a scheduler: cleaned up as after Ctrl-C, exit 143
     try:
         return _run(args, argv)
     finally:
+        restore_sigterm()
         # main() called in-process (tests): leave Ctrl-C as it was. After a Ctrl-C, though, it
         # stays ignored: the process is on its way out, and a second press while the interpreter
         # joins its threads would otherwise print a traceback under the one-line message.
@@ -140,10 +149,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return EXIT_USAGE
     except ConsolidationInterrupted as exc:
         print(exc, file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stopped_by()[0]
     except KeyboardInterrupt:  # before anything was opened (checking the options)
-        print(f"interrupted: nothing was written to {args.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        print(f"{stopped_word()}: nothing was written to {args.out}", file=sys.stderr)
+        return stopped_by()[0]
     v = result.verification
     arch = v.get("architecture")
     summary = {

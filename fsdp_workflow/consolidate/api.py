@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import logging
 import os
 import shutil
@@ -15,8 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS
+from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_INTERRUPTED
+from fsdp_workflow.core.interrupts import stopped_by
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
+from fsdp_workflow.core.rundir import list_checkpoints, parse_step
 
 from .casting import CLI_DTYPES
 from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
@@ -125,10 +128,13 @@ def consolidate(
                               steps=steps, weights=weights, remove_sharded=remove_sharded, verify=verify, workers=workers,
                               overwrite=overwrite)
     committed = removed = False
+    located = None
     try:
         selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
         located = locate_source(Path(src), out, selection)  # OUT apart from the checkpoints before the lock file is made
-        with _lock_output(out):
+        lock = _lock_output(out)
+        with lock:
+            _remove_dead_staging(out, locked=not isinstance(lock, contextlib.nullcontext))
             problem = out_exists_problem(out, overwrite)  # again, under the lock: an earlier holder may have written it
             if problem:
                 raise OutputExistsError(problem)
@@ -161,17 +167,81 @@ def consolidate(
                 with deferred_interrupt():  # never half a checkpoint deleted
                     remove_sources(source, report)
                     removed = True
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM where the CLI made it one (core.interrupts)
+        word = stopped_word()
         if committed:
             raise ConsolidationInterrupted(
-                f"interrupted: {out} was written and verified before the interrupt"
+                f"{word}: {out} was written and verified before the interrupt"
                 + ("" if not remove_sharded else "; the sharded checkpoint was removed as asked" if removed
                    else "; the sharded checkpoint was kept (--remove-sharded did not run)")) from None
         raise ConsolidationInterrupted(
-            f"interrupted: nothing was written to {out} (the partial output was removed); the checkpoint is "
+            f"{word}: nothing was written to {out} (the partial output was removed); the checkpoint is "
             "untouched") from None
+    except FileNotFoundError as exc:  # a checkpoint removed while it was read: training pruned it
+        pruned = _pruned_checkpoint(exc, located.dcp_dirs if located is not None else [], out)
+        if pruned is None:
+            raise
+        raise ConsolidationError(pruned) from None
     return ConsolidationResult(out, len(plan.tensors), plan.total_bytes, [f.name for f in plan.files], source.layout,
                                source.dirs, report, time.time() - t0)
+
+
+def stopped_word() -> str:
+    """How the message of a stopped consolidation starts: ``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``."""
+    return "interrupted" if stopped_by()[0] == EXIT_INTERRUPTED else stopped_by()[1]
+
+
+def _remove_dead_staging(out: Path, locked: bool) -> None:
+    """Remove the staging directories (``.OUT.tmp-PID``) of consolidations into ``out`` that were killed.
+
+    A SIGKILL (the OOM killer, ``kill -9``, a scheduler past its grace) leaves the
+    model's size there, which nothing else removes. Under OUT's lock no other
+    consolidation into OUT is running, so a staging directory whose process is gone
+    is a leftover. A live process of that pid (a reused pid, or a writer on another
+    node where the lock is per node) keeps its directory; without the lock none is removed.
+    """
+    prefix = f".{out.name}.tmp-"  # steps.staging_dir's name: .OUT.tmp-PID
+    for path in sorted(out.parent.glob(glob.escape(prefix) + "*")) if out.parent.is_dir() else []:
+        pid = path.name[len(prefix):]
+        if pid == str(os.getpid()) or not pid.isdigit() or not path.is_dir():
+            continue
+        if not locked:
+            log.warning("note: %s is the staging directory of another consolidation into %s (pid %s); without "
+                        "the lock it is left in place: remove it once no consolidation into %s runs", path, out,
+                        pid, out)
+            continue
+        if _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.warning("note: removed %s, left by a consolidation into %s that was killed (pid %s is gone)",
+                    path, out, pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _pruned_checkpoint(exc: FileNotFoundError, dirs: list[Path], out: Path) -> str | None:
+    """The message for a checkpoint directory removed while it was read (None: the missing file is not in one)."""
+    missing = Path(str(exc.filename or ""))
+    gone = next((d for d in dirs if missing == d or d in missing.parents), None)
+    if gone is None:
+        return None
+    step = next((p for p in (gone, *gone.parents) if parse_step(p.name) is not None), gone)
+    kept = [path.name for _, path in list_checkpoints(step.parent)] if step.parent.is_dir() else []
+    return (f"{step}: the checkpoint was removed while it was being read ({missing}: no such file). Training "
+            f"removes older checkpoints as it saves new ones (checkpoint.keep_last), or something else deleted "
+            f"it. Nothing was written to {out} (the partial output was removed). "
+            + (f"The checkpoints in {step.parent} now: {', '.join(kept)}; consolidate one that training keeps "
+               "(the newest is the default step), or consolidate once the run has ended, or give the run a larger "
+               "checkpoint.keep_last" if kept else
+               f"No complete checkpoint is left in {step.parent}; consolidate once the run has saved one"))
 
 
 def lock_path(out: Path) -> Path:

@@ -9,7 +9,8 @@ the run directory's data pointer. A cache whose key matches is reused: a
 resubmit, or a second experiment sharing ``data.cache_dir``, skips the work.
 
 Exit codes: 0 done (or reused); 2 bad data or config (the message names the
-file and line, or the key); 1 unexpected (a traceback).
+file and line, or the key); 130 Ctrl-C and 143 SIGTERM (nothing of this
+prepare kept); 1 unexpected (a traceback).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 import numpy as np
 
 from fsdp_workflow.config.schema import DataFormat, DataSource, ModelInit, OnBadRecord, WorkflowConfig, run_layout
-from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fsdp_workflow.core.interrupts import sigterm_as_ctrl_c, stopped_by
 from fsdp_workflow.core.logs import recorded_log_level, report_user_error, setup_logging
 from fsdp_workflow.core.rundir import TMP_SUFFIX, atomic_write_json
 from fsdp_workflow.data.cache import (FORMAT_VERSION, META_FILE, SPLITS, CacheError, commit_cache, verify_cache,
@@ -197,6 +199,7 @@ def _child_init() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
     # Ctrl-C reaches the whole process group: the parent reports it once and ends the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's (sigterm_as_ctrl_c): Pool.terminate ends us
 
 
 @dataclass
@@ -575,19 +578,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from fsdp_workflow.config.load import load_run_config
 
     setup_logging(recorded_log_level(args.run_dir))
+    restore = sigterm_as_ctrl_c()  # kill, timeout, the local launcher: the same cleanup as Ctrl-C, exit 143
     try:
         cfg = load_run_config(args.run_dir)
         prepare(cfg, num_workers=args.workers)
     except (DataError, TemplateError, CacheError, ConfigError, FileNotFoundError, OmegaConfBaseException) as err:
         report_user_error(log, f"prepare: {err}", err)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # the workers ignore SIGINT (_child_init): one message, from here
-        log.error("prepare: interrupted (Ctrl-C); nothing of this prepare is kept or used (a cache is published "
-                  "only when complete). Run the same command again to prepare from the start.")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM; the workers ignore SIGINT (_child_init): one message, from here
+        code, how = stopped_by()
+        log.error("prepare: %s; nothing of this prepare is kept or used (a cache is published only when "
+                  "complete). Run the same command again to prepare from the start.", how)
+        return code
     except Exception:  # noqa: BLE001 - the traceback is the report
         log.exception("prepare failed")
         return EXIT_FAILURE
+    finally:
+        restore()
     return EXIT_OK
 
 

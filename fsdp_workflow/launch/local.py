@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.core.commands import local_resume_argv, shell
-from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, MEANINGS
+from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
 from fsdp_workflow.launch.chain_guard import finished_message
@@ -70,7 +70,9 @@ def _run(argv: List[str], env: dict) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
     try:
-        return proc.wait()
+        rc = proc.wait()
+        # Killed by signal N: 128 + N, as a shell reports it; -N would leave this command as 256 - N.
+        return 128 - rc if rc < 0 else rc
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -222,9 +224,26 @@ def _as_if_activated(env: dict) -> dict:
     return env
 
 
-def _interrupted(returncode: int) -> bool:
-    """A child step that ended on Ctrl-C: killed by SIGINT, or exited 130 after handling it."""
-    return returncode in (-signal.SIGINT, EXIT_INTERRUPTED)
+def _stopped(returncode: int) -> Optional[Tuple[int, str]]:
+    """A child step ended by a signal: (the command's exit code, the signal in words); None otherwise.
+
+    Ctrl-C: killed by SIGINT, or exited 130 after handling it. SIGTERM (``kill``, ``timeout``,
+    a closing terminal; forwarded by :func:`_run`): killed by it, or exited 143 after cleaning up.
+    """
+    if returncode == EXIT_INTERRUPTED:
+        return EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
+    if returncode == EXIT_TERMINATED:
+        return EXIT_TERMINATED, "terminated (SIGTERM)"
+    return None
+
+
+def _code_words(returncode: int) -> str:
+    """``exit code 137 (killed by SIGKILL)``: a step's code, with the signal that killed it."""
+    try:
+        killed = f" (killed by {signal.Signals(returncode - 128).name})" if returncode > 128 else ""
+    except ValueError:
+        killed = ""
+    return f"exit code {returncode}{killed}"
 
 
 def shown(argv: List[str]) -> str:
@@ -262,13 +281,14 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     if plan.prepare_argv:
         log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
         rc = _run(_this_python(plan.prepare_argv), env)
-        if _interrupted(rc):
-            print(f"[fsdp_workflow] interrupted (Ctrl-C) while preparing the data (exit {EXIT_INTERRUPTED}); "
+        stopped = _stopped(rc)
+        if stopped:
+            print(f"[fsdp_workflow] {stopped[1]} while preparing the data (exit {stopped[0]}); "
                   "nothing was trained and no partial cache is used. Run the same command again to prepare "
                   "from the start.", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return stopped[0]
         if rc != 0:
-            log.error("[fsdp_workflow] data preparation failed (exit code %s); nothing was trained.", rc)
+            log.error("[fsdp_workflow] data preparation failed (%s); nothing was trained.", _code_words(rc))
             return rc
     log_path = layout.logs / LOCAL_TRAIN_LOG
     log.info("[fsdp_workflow] training: log %s, metrics in %s", log_path, layout.metrics)
@@ -303,19 +323,20 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
         argv = _this_python(cons)
         log.info("[fsdp_workflow] consolidating: %s", shown(argv))
         rc = _run(argv, env)
-        if _interrupted(rc):
-            print(f"[fsdp_workflow] interrupted (Ctrl-C) while consolidating (exit {EXIT_INTERRUPTED}); the "
+        stopped = _stopped(rc)
+        if stopped:
+            print(f"[fsdp_workflow] {stopped[1]} while consolidating (exit {stopped[0]}); the "
                   "checkpoints are untouched. Consolidate again with: "
                   f"{shell(cons)}", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return stopped[0]
         if rc != 0:
-            log.error("[fsdp_workflow] consolidation failed (exit code %s); the checkpoints are untouched.", rc)
+            log.error("[fsdp_workflow] consolidation failed (%s); the checkpoints are untouched.", _code_words(rc))
             return rc
     if plan.card_argv:  # the report stage: README.md (and loss_curve.png) beside the verified weights
         rc = _run(_this_python(plan.card_argv), env)
         if rc != 0:
-            log.error("[fsdp_workflow] the model card command failed (exit code %s); the model is verified and "
-                      "in place.", rc)
+            log.error("[fsdp_workflow] the model card command failed (%s); the model is verified and "
+                      "in place.", _code_words(rc))
             return rc
     out = str(layout.hf_model)
     print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
