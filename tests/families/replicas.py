@@ -69,6 +69,11 @@ class Replica:
         return self.name.lower().replace(" ", "-").replace("(", "").replace(")", "")
 
     @property
+    def experts(self) -> int:
+        """Experts per MoE layer (0: a dense model); Qwen3-MoE and Mixtral spell the key differently."""
+        return int(self.config.get("num_experts") or self.config.get("num_local_experts") or 0)
+
+    @property
     def chat_family(self) -> ChatFamily:
         return CHAT_FAMILIES[self.chat] if self.chat else NO_TEMPLATE
 
@@ -206,10 +211,9 @@ _EXPERT = re.compile(r"\.experts\.\d+\.")  # the hub's per-expert names (transfo
 
 def active_parameter_count(directory: Path, row: Replica) -> int:
     """Parameters one token uses: every expert's weights count ``k / E`` (the router picks k of E)."""
-    experts = row.config.get("num_experts") or row.config.get("num_local_experts")
-    if not experts:
+    if not row.experts:
         return parameter_count(directory)
-    share = row.config["num_experts_per_tok"] / experts
+    share = row.config["num_experts_per_tok"] / row.experts
     return round(sum(_numel(s) * (share if _EXPERT.search(k) else 1) for k, s in _shapes(directory).items()))
 
 

@@ -20,6 +20,7 @@ the directory it started from:
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,10 +47,6 @@ ATTENTION = "eager"  # one implementation every family has, for both sides of th
 # What the matrix shows missing today: test -> (the rows it fails on, why). Strict: when a fix lands
 # the test passes, pytest reports it failed (XPASS strict), and its line here goes with the fix.
 OPEN: Dict[str, Tuple[frozenset, str]] = {
-    "test_same_dtype_as_the_directory": (
-        frozenset(r.key for r in FAMILIES if r.dtype == "bfloat16"),
-        "consolidate.dtype=keep (smoke, smoke_chat) writes the checkpoint's fp32 master weights, "
-        "not the directory's bf16"),
     "test_same_tensor_names_shapes_and_tie": (
         frozenset({"qwen3-moe", "mixtral"}),
         "the consolidator writes transformers 5's fused in-memory expert tensors (mlp.experts.gate_up_proj "
@@ -170,6 +167,19 @@ def test_the_data_was_rendered_by_the_family_template(family_run: FamilyRun) -> 
     assert meta["splits"]["train"]["trained_tokens"] > 0
 
 
+def test_the_run_trained_every_step(family_run: FamilyRun) -> None:
+    """Both steps logged with a finite loss over trained tokens; a MoE family's router loss beside it."""
+    records = [json.loads(line) for line in (family_run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2], records
+    for r in steps:
+        assert math.isfinite(r["loss"]) and r["trained_tokens"] > 0, r
+        if family_run.row.experts:
+            assert math.isfinite(r["aux_loss"]) and r["aux_loss"] > 0, r
+        else:
+            assert "aux_loss" not in r, r
+
+
 def _prompt(tokenizer: Any, row: Replica) -> Any:
     # Every template accepts user/assistant turns; the one refusing system turns (Gemma 2) gets none.
     conv = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "2 + 2 = 4."},
@@ -196,12 +206,12 @@ def test_logits_equal_the_trained_weights(family_run: FamilyRun) -> None:
 
     out = AutoModelForCausalLM.from_pretrained(str(family_run.out), attn_implementation=ATTENTION).eval()
     config = AutoConfig.from_pretrained(str(family_run.base), attn_implementation=ATTENTION)
-    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    state = _trained_weights(family_run.run_dir)
-    missing, unexpected = ref.load_state_dict(state, strict=False)
+    # Built in the output's dtype, as from_pretrained builds it (rotary tables stay fp32); the trained
+    # fp32 weights are rounded into it by load_state_dict's copy, as torch rounds.
+    ref = AutoModelForCausalLM.from_config(config, dtype=out.dtype).eval()
+    missing, unexpected = ref.load_state_dict(_trained_weights(family_run.run_dir), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or family_run.row.tied)
     ref.tie_weights()
-    ref = ref.to(out.dtype)
     base = AutoModelForCausalLM.from_pretrained(str(family_run.base), attn_implementation=ATTENTION,
                                                 dtype=out.dtype).eval()
     ids = _prompt(AutoTokenizer.from_pretrained(str(family_run.base)), family_run.row)
