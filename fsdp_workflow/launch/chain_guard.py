@@ -16,7 +16,13 @@ directory):
 - a model written by an earlier, shorter run must be moved aside before the run is
   continued (a larger ``train.max_steps``): :func:`finished_message` refuses, exit 2.
 
-``submit.sh`` renders the same rules in shell (:func:`fsdp_workflow.plan.render.chain_guard_lines`).
+``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.plan.render.chain_guard_lines`)
+and asks this module whether the run is complete, with the planning interpreter:
+
+    python -m fsdp_workflow.launch.chain_guard RUN_DIR --max-steps N [--consolidates]
+
+which exits 0 printing nothing (go on), 0 printing that the run is complete, or 2
+with the reason on stderr (an earlier, shorter run's model to move aside).
 """
 
 from __future__ import annotations
@@ -178,4 +184,33 @@ def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
     return None, 0
 
 
-__all__ = ["SlurmUnreachable", "finished_message", "live_chain_problem", "live_jobs"]
+def main(argv: Optional[List[str]] = None) -> int:
+    """``submit.sh``'s question: is this run complete, or must an old model be moved first?
+
+    Returns:
+        0 to submit (nothing printed) or for a complete run (the message on stdout);
+        2 for a model of an earlier, shorter run (the message on stderr).
+    """
+    import argparse
+    import sys
+
+    from fsdp_workflow.core.logs import setup_logging
+
+    parser = argparse.ArgumentParser(prog="python -m fsdp_workflow.launch.chain_guard",
+                                     description="Whether the run in RUN_DIR is complete (submit.sh asks it).")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--max-steps", type=int, required=True, help="train.max_steps of the plan to submit")
+    parser.add_argument("--consolidates", action="store_true", help="the chain ends with a consolidation job")
+    args = parser.parse_args(argv)
+    setup_logging("WARNING")  # a damaged newest checkpoint is named on stderr
+    message, rc = finished_message(open_run(args.run_dir).layout, args.max_steps, args.consolidates)
+    if message is not None:
+        print(f"submit.sh: {message}", file=sys.stderr if rc else sys.stdout)
+    return rc
+
+
+__all__ = ["SlurmUnreachable", "finished_message", "live_chain_problem", "live_jobs", "main"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

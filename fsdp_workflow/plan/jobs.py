@@ -123,6 +123,7 @@ class LaunchPlan:
     code_dir: Optional[Path] = None  # the code snapshot, first on every job's PYTHONPATH (None: opted out)
     config_sha256: str = ""  # sha256 of config.yaml as planned: every job checks it first (core.config_hash)
     python_dir: Optional[str] = None  # the planning interpreter's directory, first on PATH (None: in an image)
+    planner_python: str = "python"  # the interpreter that planned: submit.sh asks it whether the run is complete
     max_steps: int = 0  # train.max_steps: submit.sh tells a finished run from one to continue
     preflight_argv: List[str] = field(default_factory=list)  # run before the training step (cluster.preflight)
 

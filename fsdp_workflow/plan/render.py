@@ -19,7 +19,6 @@ from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
 from fsdp_workflow.core.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
 from fsdp_workflow.core.rundir import (
-    CHECKPOINTS_DIR,
     CONFIG_FILE,
     EVAL_SBATCH,
     JOB_EXITS_DIR,
@@ -471,6 +470,9 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
     job of ``jobs.txt`` refuses (exit 2, with how to follow or cancel it); a run trained
     to ``train.max_steps`` with its model written is complete (exit 0, nothing
     submitted); a model of an earlier, shorter run must be moved aside before continuing.
+    The live jobs are asked of squeue in shell; whether the run is complete is asked of
+    the planning interpreter (``python -m fsdp_workflow.launch.chain_guard``), since it
+    depends on whether the newest checkpoint would pass resume's check.
     """
     layout = plan.layout
     jobs, model = _in_run_dir(layout.jobs.name), shell_word(str(layout.hf_model))
@@ -494,35 +496,26 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
         f"    exit {EXIT_USAGE}",
         "  fi",
         "fi",
-        f'last=$(ls {_in_run_dir(CHECKPOINTS_DIR)} 2>/dev/null | sed -n "s/^{STEP_PREFIX}\\([0-9][0-9]*\\)$/\\1/p" '
-        '| sort -n | tail -n 1) || last=""',
     ]
-    if plan.consolidate is not None:
-        lines += [
-            f"if [ -d {model} ]; then",
-            f'  if [ -z "$last" ] || [ "$last" -ge {plan.max_steps} ]; then',
-            f'    echo "submit.sh: this run is complete (trained to step ${{last:-?}} of train.max_steps='
-            f'{plan.max_steps}); the model is in {_dq(str(layout.hf_model))}. Nothing submitted. To train '
-            'further: plan it again with a larger train.max_steps and checkpoint.resume='
-            f'{_dq(str(layout.checkpoints))}/{STEP_PREFIX}${{last:-N}}, after moving this model aside."',
-            "    exit 0",
-            "  fi",
-            f'  echo "submit.sh: {_dq(str(layout.hf_model))} holds the model of an earlier, shorter run (step $last '
-            f'of train.max_steps={plan.max_steps}); the consolidation never overwrites it. Move it aside first: '
-            f'mv {_dq(shell_word(str(layout.hf_model)))} {_dq(shell_word(str(layout.hf_model) + ".step-"))}$last; '
-            'nothing submitted" >&2',
-            f"  exit {EXIT_USAGE}",
-            "fi",
-        ]
-    else:
-        lines += [
-            f'if [ -n "$last" ] && [ "$last" -ge {plan.max_steps} ]; then',
-            f'  echo "submit.sh: this run is complete (trained to step $last of train.max_steps={plan.max_steps}; '
-            f'checkpoints in {_dq(str(layout.checkpoints))}). Nothing submitted. To train further: plan it again with a '
-            f'larger train.max_steps and checkpoint.resume={_dq(str(layout.checkpoints))}/{STEP_PREFIX}$last."',
-            "  exit 0",
-            "fi",
-        ]
+    # Complete or not is the Python route's answer (chain_guard.finished_message), asked of the planning
+    # interpreter and the code snapshot: the newest checkpoint that passes resume's check, never any
+    # step-N directory (a truncated shard would have made a damaged run "complete").
+    ask = ["env", *([f"PYTHONPATH={layout.code}", "PYTHONSAFEPATH=1"] if plan.code_dir is not None else []),
+           plan.planner_python, "-m", "fsdp_workflow.launch.chain_guard", str(layout.root),
+           "--max-steps", str(plan.max_steps), *(["--consolidates"] if plan.consolidate is not None else [])]
+    lines += [
+        "# A run already complete submits nothing; the model of an earlier, shorter run must be moved first.",
+        "guard=0",
+        f"complete=$({' '.join(shell_word(a) for a in ask)}) || guard=$?",
+        f'if [ "$guard" = {EXIT_USAGE} ]; then exit {EXIT_USAGE}; fi  # the reason is on stderr',
+        'if [ "$guard" != 0 ]; then',
+        f'  echo "submit.sh: could not tell whether this run is already complete (python -m '
+        f'fsdp_workflow.launch.chain_guard, run by {_dq(plan.planner_python)}, exited $guard; see above); nothing '
+        'submitted" >&2',
+        "  exit 1",
+        "fi",
+        'if [ -n "$complete" ]; then printf \'%s\\n\' "$complete"; exit 0; fi',
+    ]
     return lines
 
 
@@ -588,7 +581,10 @@ def pending_watch_lines(plan: LaunchPlan) -> List[str]:
 
 
 def render_submit(plan: LaunchPlan) -> str:
-    """A plain-sbatch chain: training, then consolidation afterok. No Python on the login node.
+    """A plain-sbatch chain: training, then consolidation afterok, without ``python -m fsdp_workflow``.
+
+    The one Python it runs on the login node is the planning interpreter's completeness
+    check (:func:`chain_guard_lines`); the chain itself is submitted by plain sbatch.
 
     ``python -m fsdp_workflow`` submits the same ``sbatch`` commands
     (:func:`fsdp_workflow.plan.jobs.sbatch_argv`). If a later job cannot be
@@ -598,7 +594,7 @@ def render_submit(plan: LaunchPlan) -> str:
     lines = [
         "#!/bin/bash",
         HEADER,
-        "# Submit the chain without Python: bash submit.sh",
+        "# Submit the chain with plain sbatch, without python -m fsdp_workflow: bash submit.sh",
         "set -euo pipefail",
         *_run_dir_lines(plan),
         *chain_guard_lines(plan),

@@ -359,6 +359,7 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         # the bytes write_run_dir writes to config.yaml (plan.run_dir): every job checks them first
         config_sha256=config_sha256(to_yaml(cfg)),
         python_dir=None if in_image(cfg) else os.path.dirname(sys.executable),
+        planner_python=sys.executable,  # on the login node, where submit.sh runs, even when the jobs use an image
         max_steps=cfg.train.max_steps,
         preflight_argv=preflight_argv(cfg, layout),
     )

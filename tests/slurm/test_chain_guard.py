@@ -82,6 +82,26 @@ def test_a_finished_run_says_complete_and_submits_nothing(slurm_cluster, tmp_pat
     assert by_sh.returncode == 2 and "Move it aside first" in by_sh.stderr, by_sh.stdout + by_sh.stderr
 
 
+def test_submit_sh_does_not_call_a_run_with_a_damaged_final_checkpoint_complete(slurm_cluster, tmp_path):
+    """submit.sh asks resume's question (chain_guard), as the CLI does: a truncated shard is not complete."""
+    run_dir = tmp_path / "damaged run"
+    assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "name=damaged1", LATER).returncode == 0
+    _finished(run_dir, 30)
+    shard = next((run_dir / "checkpoints" / "step-30").glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)  # a copy cut short: .metadata is intact
+    by_sh = _submit_sh(run_dir)
+    ids = ph.jobs(run_dir) if (run_dir / "jobs.txt").exists() else {}
+    try:
+        assert by_sh.returncode == 0, by_sh.stdout + by_sh.stderr
+        assert "complete" not in by_sh.stdout, by_sh.stdout  # was: "this run is complete", the model kept
+        assert f"checkpoint {run_dir / 'checkpoints' / 'step-30'} cannot be resumed" in by_sh.stderr, by_sh.stderr
+        assert "is truncated" in by_sh.stderr and "trains its steps again" in by_sh.stderr, by_sh.stderr
+        assert set(ids) == {"train", "consolidate"}  # the chain that trains the lost steps again
+    finally:
+        ph.cancel_unfinished(ids)
+
+
 def test_an_edited_config_stops_the_job_that_reads_it(slurm_cluster, tmp_path):
     run_dir = tmp_path / "edited"
     assert ph.run_cli(run_dir, "dry_run=true", "data=synthetic", "name=edited1").returncode == 0

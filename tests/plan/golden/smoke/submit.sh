@@ -1,6 +1,6 @@
 #!/bin/bash
 # Written by fsdp_workflow; the run directory's config.yaml says what it runs.
-# Submit the chain without Python: bash submit.sh
+# Submit the chain with plain sbatch, without python -m fsdp_workflow: bash submit.sh
 set -euo pipefail
 RUN_DIR=/runs/smoke
 # One live chain per run directory: a job of jobs.txt still queued or running refuses.
@@ -18,15 +18,15 @@ if [ -s "$RUN_DIR/jobs.txt" ]; then
     exit 2
   fi
 fi
-last=$(ls "$RUN_DIR/checkpoints" 2>/dev/null | sed -n "s/^step-\([0-9][0-9]*\)$/\1/p" | sort -n | tail -n 1) || last=""
-if [ -d /runs/smoke/hf_model ]; then
-  if [ -z "$last" ] || [ "$last" -ge 30 ]; then
-    echo "submit.sh: this run is complete (trained to step ${last:-?} of train.max_steps=30); the model is in /runs/smoke/hf_model. Nothing submitted. To train further: plan it again with a larger train.max_steps and checkpoint.resume=/runs/smoke/checkpoints/step-${last:-N}, after moving this model aside."
-    exit 0
-  fi
-  echo "submit.sh: /runs/smoke/hf_model holds the model of an earlier, shorter run (step $last of train.max_steps=30); the consolidation never overwrites it. Move it aside first: mv /runs/smoke/hf_model /runs/smoke/hf_model.step-$last; nothing submitted" >&2
-  exit 2
+# A run already complete submits nothing; the model of an earlier, shorter run must be moved first.
+guard=0
+complete=$(env PYTHONPATH=/runs/smoke/code PYTHONSAFEPATH=1 /opt/venv/bin/python -m fsdp_workflow.launch.chain_guard /runs/smoke --max-steps 30 --consolidates) || guard=$?
+if [ "$guard" = 2 ]; then exit 2; fi  # the reason is on stderr
+if [ "$guard" != 0 ]; then
+  echo "submit.sh: could not tell whether this run is already complete (python -m fsdp_workflow.launch.chain_guard, run by /opt/venv/bin/python, exited $guard; see above); nothing submitted" >&2
+  exit 1
 fi
+if [ -n "$complete" ]; then printf '%s\n' "$complete"; exit 0; fi
 mkdir -p /runs/smoke/logs
 if ! prepare_id=$(sbatch --parsable --output=/runs/smoke/logs/prepare-%j.out /runs/smoke/prepare.sbatch); then
   echo "submit.sh: sbatch of the data preparation job failed (see the message above); nothing submitted" >&2
