@@ -120,6 +120,10 @@ def test_same_tensor_names_shapes_and_tie(family_run: FamilyRun) -> None:
     tied = json.loads((family_run.out / "config.json").read_text())["tie_word_embeddings"]
     assert tied is family_run.row.tied
     assert ("lm_head.weight" in got) is not family_run.row.tied  # tied: one tensor for both, as transformers writes
+    report = json.loads((family_run.out / "verification.json").read_text())
+    assert report["ok"] and report["from_pretrained"]["ok"], report
+    tie = {"dropped": "lm_head.weight", "kept": "model.embed_tokens.weight", "identical": True}
+    assert report.get("tied_lm_head") == (tie if family_run.row.tied else None), report
 
 
 def test_same_dtype_as_the_directory(family_run: FamilyRun) -> None:
@@ -226,6 +230,7 @@ def test_generate_runs(family_run: FamilyRun) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(family_run.out)).eval()
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) is family_run.row.tied
     ids = _prompt(AutoTokenizer.from_pretrained(str(family_run.out)), family_run.row)
     with torch.no_grad():
         new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
