@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.accelerate_env import is_deepspeed
 from fsdp_workflow.config.schema import CheckpointConfig
-from fsdp_workflow.train import fault_hooks
+from fsdp_workflow.train import fault_hooks, resume
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointError, CheckpointSaveError, barrier
 from fsdp_workflow.train.failures import disk_full_detail
 from fsdp_workflow.train.parallel import Prepared
@@ -84,10 +84,17 @@ class DcpCheckpointer:
 
         Raises:
             CheckpointError: ``.metadata`` was refused by the allow-list (crafted or corrupt); nothing ran.
+            ResumeError: a part's ``check_loadable`` refused the checkpoint (another optimizer, another
+                model shape); nothing was loaded.
         """
         check_dcp_metadata(path)
         reader = SafeFileSystemReader(path)
-        roots = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
+        entries = reader.read_metadata().state_dict_metadata
+        roots = {key.split(".", 1)[0] for key in entries}
+        for key, part in parts.items():  # a change the resume cannot apply is refused before anything loads
+            check = getattr(part, "check_loadable", None)
+            if check is not None and key in roots:
+                check({k[len(key) + 1:]: v for k, v in entries.items() if k.startswith(key + ".")})
         absent = [key for key, part in parts.items() if key not in roots and hasattr(part, "restart")]
         dcp.load({k: v for k, v in parts.items() if k not in absent}, storage_reader=reader, planner=SafeLoadPlanner())
         for key in absent:
@@ -147,9 +154,14 @@ class DeepSpeedCheckpointer:
                 records (checked before DeepSpeed unpickles anything), or DeepSpeed found no checkpoint.
         """
         check_deepspeed_pickles(path)
+        # The engine restores its optimizer's param groups as saved; the config's hyperparameters win.
+        optimizer = getattr(parts.get("optimizer"), "optimizer", None)
+        config = resume.hyperparameters(optimizer) if optimizer is not None else None
         _, client_state = self.engine.load_checkpoint(str(path))
         if client_state is None:
             raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+        if config is not None:
+            resume.keep_hyperparameters(optimizer, config)
         for key, part in parts.items():
             if key not in ENGINE_PARTS:
                 part.load_state_dict(client_state[key])

@@ -12,6 +12,9 @@ Two faults burn the most GPU time when they are reported as "exit code 1":
   :data:`~fsdp_workflow.core.exit_codes.EXIT_PEER_TIMEOUT` and names the rank
   and host from the heartbeats (:mod:`.heartbeat`).
 
+After a **divergence** (the loss or gradient norm NaN/inf, exit 65),
+:func:`after_divergence` says which checkpoint to resume from, and with what.
+
 DCP reports a failure on any rank to every rank as a ``CheckpointException``
 (a ``BaseException``) holding each rank's exception, so :func:`causes` walks
 those as well as ``__cause__`` / ``__context__``.
@@ -26,7 +29,10 @@ import re
 from pathlib import Path
 from typing import Iterator, Optional
 
+from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_PEER_TIMEOUT
+from fsdp_workflow.core.rundir import RunDir, step_name
 
 DIST_ERRORS = ("DistBackendError", "DistStoreError", "DistNetworkError")
 # gloo: "Timed out waiting 600000ms for recv operation to complete"; NCCL's watchdog:
@@ -120,3 +126,28 @@ def peer_timeout_reported(train_exit: Path, since: float) -> bool:
         return json.loads(train_exit.read_text()).get("exit_code") == EXIT_PEER_TIMEOUT
     except (OSError, ValueError):
         return False
+
+
+def after_divergence(run: RunDir, step: int, cfg: WorkflowConfig) -> str:
+    """What to do after the loss or gradient norm of ``step`` became NaN/inf: which checkpoint, which keys.
+
+    The weights that gave the NaN are those of ``step - 1``: a checkpoint of that step
+    holds them, whatever learning rate the resume uses. The newest checkpoint at most
+    ``step - 2`` is the last whose weights trained to a finite loss and gradient. The
+    override named is a path inside the run, the one kind of ``checkpoint.resume``
+    that continues a run under a changed config (``auto`` would refuse it, and would
+    take the newest).
+    """
+    last = [(n, p) for n, p in run.list_checkpoints() if n <= step - 2]
+    lower = ("Lower optimizer.lr" + ("" if cfg.optimizer.max_grad_norm is not None
+                                     else " or set optimizer.max_grad_norm (clipping is off)"))
+    newest = run.latest_checkpoint()
+    suspect = (f" ({step_name(newest[0])} holds the weights that gave it)"
+               if newest is not None and newest[0] == step - 1 else "")
+    if not last:
+        return (f"No checkpoint before the divergence is kept{suspect}: {lower} and train again from the start, "
+                f"in a new run_dir (this one's config.yaml records the diverging run)")
+    n, path = last[-1]
+    return (f"The last good checkpoint is {step_name(n)}{suspect}. {lower}, then resume from it with "
+            f"{shell([f'checkpoint.resume={hydra_value(str(path))}'])}: the learning-rate schedule is the "
+            "config's from the first resumed step")

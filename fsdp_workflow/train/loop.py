@@ -50,14 +50,14 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import ActivationCheckpointing, Device, ModelInit, WorkflowConfig
 from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
 from fsdp_workflow.core.logs import setup_logging
-from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text, step_name
+from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
-from fsdp_workflow.train.failures import collective_timeout, peer_timeout_reported
+from fsdp_workflow.train.failures import after_divergence, collective_timeout, peer_timeout_reported
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.loss import LossSums, install_loss_forward, router_aux_coef
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
@@ -225,6 +225,7 @@ class Session:
     peak_tflops: float
     beat: Heartbeat
     fault: Optional[fault_hooks.TestOnlyFault]  # None unless a reliability test injects one
+    run: RunDir  # the run directory (its checkpoints, for the advice after a divergence)
 
 
 @dataclass
@@ -289,7 +290,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     rng = StepRng(cfg.train.seed, ranks.mesh.dp_rank)  # TP/CP peers draw the same numbers
     ema = EmaState.maybe(cfg.train, trainee.prepared.model, cfg.strategy.name)  # before resume: starts as the weights
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches,
-                          ema)
+                          ema, cfg.optimizer.name)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
     checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
     beat.phase = "resuming"
@@ -326,7 +327,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
                   "stay in high precision)")
 
     session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
-                      guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env())
+                      guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env(),
+                      run)
     try:
         outcome = train(session, resumed=resume_from is not None)
         if ranks.rank == 0:
@@ -403,10 +405,8 @@ def train(s: Session, resumed: bool) -> Outcome:
             s.log.log(record)
             s.checkpointer.wait()
             value = record["loss" if bad == "loss" else "grad_norm"]
-            kept = f"{step_name(last_saved)} is kept" if last_saved is not None else "none was saved yet"
             return Outcome(EXIT_NONFINITE, f"stopped: the {bad} became {value} at step {step}, so nothing from "
-                           f"step {step} was saved (the last good checkpoint: {kept}). Lower optimizer.lr or set "
-                           "optimizer.max_grad_norm, then resume with checkpoint.resume=auto", step, last_saved)
+                           f"step {step} was saved. {after_divergence(s.run, step, cfg)}", step, last_saved)
         if cfg.train.eval_every_steps and s.held_out is not None and step % cfg.train.eval_every_steps == 0:
             record["eval_loss"] = evaluate(s)
         s.log.log(record)
@@ -448,7 +448,7 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
         if out.aux is not None:
             sums[1] += out.aux.detach().float()
     grad_norm = parallel.clip_grad_norm(prepared, accelerator, s.cfg.optimizer.max_grad_norm)
-    lr = s.trainee.scheduler.get_last_lr()[0]
+    lr = float(prepared.torch_optimizer.param_groups[0]["lr"])  # what this step uses (set by the schedule)
     prepared.optimizer.step()
     s.trainee.scheduler.step()
     prepared.optimizer.zero_grad(set_to_none=True)

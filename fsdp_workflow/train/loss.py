@@ -114,8 +114,18 @@ class RouterLoss:
 
     def __call__(self, router_logits: Any) -> torch.Tensor:
         # Every position counts, padding included: transformers' own rule without an
-        # attention mask, which packed batches never have.
-        return _router_loss_tensor(self.func(router_logits, self.num_experts, self.top_k, None))
+        # attention mask, which packed batches never have. The logits go in as fp32: under
+        # bf16 the family's softmax and mean would otherwise run, and return, in bf16.
+        return _router_loss_tensor(self.func(_as_fp32(router_logits), self.num_experts, self.top_k, None))
+
+
+def _as_fp32(router_logits: Any) -> Any:
+    """The router logits (a tensor, or one per layer) in fp32, differentiably; anything else as it is."""
+    if isinstance(router_logits, torch.Tensor):
+        return router_logits.float()
+    if isinstance(router_logits, (tuple, list)):
+        return type(router_logits)(_as_fp32(t) for t in router_logits)
+    return router_logits
 
 
 def _router_loss_tensor(aux: Any) -> torch.Tensor:

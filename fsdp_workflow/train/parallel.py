@@ -358,6 +358,7 @@ def prepare(
         # after prepare so it is not wrapped. Its activation checkpointing (full) comes
         # from FSDP_ACTIVATION_CHECKPOINTING, which the planner wrote from the same key.
         optimizer = build_optimizer(model)
+        keep_root_output_fp32(plugin)
         model, optimizer = accelerator.prepare(model, optimizer)
         install_forward(model)
         layers = list(range(cfg.model.num_hidden_layers))
@@ -372,6 +373,19 @@ def prepare(
     optimizer = build_optimizer(model)
     model, optimizer = accelerator.prepare(model, optimizer)
     return Prepared(model, optimizer, strategy, native_fsdp2=False, float8_layers=converted)
+
+
+def keep_root_output_fp32(plugin: Any) -> None:
+    """Let the root of Accelerate's FSDP2 hand back the loss sums as computed (fp32), as our path does.
+
+    For ``bf16``/``fp16`` Accelerate's policy sets ``output_dtype`` to the low dtype on every
+    unit, the root included, and FSDP2 casts the root's output (our installed forward's
+    fp32 sums) to it: 8 bits of mantissa in bf16. Without ``output_dtype`` nothing else
+    changes: units computing in the low dtype still hand it on, and inputs are still cast.
+    """
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    if getattr(policy, "output_dtype", None) is not None:
+        plugin.mixed_precision_policy = replace(policy, output_dtype=None)
 
 
 @contextlib.contextmanager

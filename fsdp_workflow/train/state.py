@@ -4,7 +4,7 @@ A checkpoint is the mapping :func:`trainer_parts` returns, one part per key::
 
     "model"      ModelState       get_model_state_dict: FQNs, FSDP2 DTensor shards (reshardable)
     "optimizer"  OptimizerState   get_optimizer_state_dict: the same FQNs, sharded like the model
-    "scheduler"  the LambdaLR     only numbers (its multiplier is a plain function)
+    "scheduler"  ScheduleState    the LambdaLR's state dict: only numbers (its multiplier is a plain function)
     "trainer"    FlatParts(StepRng, RankBatches)
                                   {"step", "seed", "samples_consumed", "data_seed"}: plain ints
     "ema"        EmaState         only with train.ema_decay: fp32 EMA of "model", same FQNs and shards (:mod:`.ema`)
@@ -15,6 +15,11 @@ engine writes ``model`` and ``optimizer`` in its own format and the other parts
 ride in its ``client_state`` (:mod:`.checkpointers`). These keys and contents
 are the checkpoint format the consolidator and earlier runs depend on: a new
 piece of state is a new part, never a change to an existing one.
+
+What a resume takes from each part, and what from the config, is :mod:`.resume`'s
+rule: the optimizer part keeps the config's hyperparameters, the scheduler part only
+the step count. A part may refuse a checkpoint before anything loads
+(``check_loadable(saved)``, given the checkpoint's entries under its key).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_workflow.config.schema import OptimizerName
 from fsdp_workflow.core.rundir import EMA_KEY
+from fsdp_workflow.train import resume
 from fsdp_workflow.train.data import RankBatches
 
 
@@ -53,18 +60,34 @@ class ModelState(Stateful):
 
         set_model_state_dict(self.model, state_dict)
 
+    def check_loadable(self, saved: Mapping[str, Any]) -> None:
+        """Refuse a checkpoint whose weights do not fit this model (names, global shapes).
+
+        Raises:
+            ResumeError: on key ``model``, naming the first differing weights.
+        """
+        problem = resume.model_problem(saved, self.state_dict())
+        if problem is not None:
+            raise resume.ResumeError(problem)
+
 
 class OptimizerState(Stateful):
     """The optimizer's state and param groups keyed by parameter FQN (not by position).
 
+    On load the moments and step counts come from the checkpoint and every param
+    group's hyperparameters stay the config's (:func:`.resume.keep_hyperparameters`).
+
     Args:
         model: the wrapped model the optimizer steps.
         optimizer: the underlying ``torch.optim.Optimizer``.
+        name: ``optimizer.name``, for the refusal of another optimizer's state.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 name: OptimizerName = OptimizerName.adamw) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.name = name
 
     def state_dict(self) -> Dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -75,7 +98,49 @@ class OptimizerState(Stateful):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        # Read now, not at construction: the scheduler part may have set this step's lr already.
+        config = resume.hyperparameters(self.optimizer)
         set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+        resume.keep_hyperparameters(self.optimizer, config)
+
+    def check_loadable(self, saved: Mapping[str, Any]) -> None:
+        """Refuse another optimizer's state (its per-parameter state or group keys differ).
+
+        Raises:
+            ResumeError: on key ``optimizer.name``, naming the checkpoint's optimizer when it is one of ours.
+        """
+        problem = resume.optimizer_problem(resume.saved_signature(saved),
+                                           resume.live_signature(self.state_dict()), self.name)
+        if problem is not None:
+            raise resume.ResumeError(problem)
+
+
+class ScheduleState(Stateful):
+    """The learning-rate schedule: the config's, at the checkpoint's step.
+
+    Saved as the ``LambdaLR``'s own state dict (the format of every checkpoint so
+    far). Loaded, only ``last_epoch`` (the optimizer steps taken) is kept: the base
+    learning rates, warmup, decay and ``train.max_steps`` are the config's, and every
+    param group's lr is set to its value at that step at once, so the first resumed
+    step runs at the new schedule, not at the old one's last lr.
+
+    Args:
+        scheduler: the ``LambdaLR`` built from the config (:func:`~.optim.build_scheduler`).
+    """
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+        self.scheduler = scheduler
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        s = self.scheduler
+        s.last_epoch = int(state_dict["last_epoch"])
+        lrs = [base * factor(s.last_epoch) for base, factor in zip(s.base_lrs, s.lr_lambdas)]
+        for group, lr in zip(s.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        s._last_lr = lrs  # what get_last_lr() reports, as LambdaLR.step() would have set it
 
 
 class StepRng(Stateful):
@@ -133,25 +198,28 @@ class FlatParts(Stateful):
             part.load_state_dict({k: state_dict[k] for k in part.state_dict()})
 
 
-def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Stateful,
-                  rng: StepRng, batches: RankBatches, ema: Optional[Stateful] = None) -> Mapping[str, Stateful]:
+def trainer_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  scheduler: torch.optim.lr_scheduler.LambdaLR, rng: StepRng, batches: RankBatches,
+                  ema: Optional[Stateful] = None,
+                  optimizer_name: OptimizerName = OptimizerName.adamw) -> Mapping[str, Stateful]:
     """Everything a checkpoint holds, by its key in the checkpoint (see the module docstring).
 
     Args:
         model: the wrapped model.
         optimizer: the underlying ``torch.optim.Optimizer`` (``Prepared.torch_optimizer``).
-        scheduler: the learning-rate schedule (a ``LambdaLR`` is ``Stateful`` as it is).
+        scheduler: the learning-rate schedule built from the config (:class:`ScheduleState` wraps it).
         rng: the step and seed.
         batches: this rank's data position.
         ema: the EMA of the weights (:class:`~.ema.EmaState`), or None.
+        optimizer_name: ``optimizer.name`` (named when a checkpoint holds another optimizer's state).
 
     Returns:
         ``{"model", "optimizer", "scheduler", "trainer"}`` (and ``"ema"``) mapped to their parts.
     """
     parts: Dict[str, Stateful] = {
         "model": ModelState(model),
-        "optimizer": OptimizerState(model, optimizer),
-        "scheduler": scheduler,
+        "optimizer": OptimizerState(model, optimizer, optimizer_name),
+        "scheduler": ScheduleState(scheduler),
         "trainer": FlatParts(rng, batches),
     }
     if ema is not None:

@@ -14,6 +14,7 @@ generated ``train_node.sh`` (``start_node_script``, after ``write_scripts``) or
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -253,3 +254,11 @@ def losses(run_dir: Path) -> dict[int, float]:
         if "loss" in rec:
             out[rec["step"]] = rec["loss"]
     return out
+
+
+def cosine_lr(lr: float, warmup: int, max_steps: int, done: int, floor: float = 0.0) -> float:
+    """The lr of the step after ``done`` completed ones: docs/training.md's table, written out again."""
+    if done < warmup:
+        return lr * done / warmup
+    progress = (done - warmup) / (max_steps - warmup)
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -3,13 +3,14 @@
 The real local route (planning, data preparation, 2 gloo ranks under torchrun,
 consolidation enabled): the loss or the gradient norm becomes NaN/inf within a few
 steps, the ranks stop at that step with exit 65, nothing from the bad state is saved,
-and the consolidation never runs.
+and the consolidation never runs. The advice it prints, followed, trains to the end.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.exit_codes import EXIT_NONFINITE
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.train.loop import nonfinite
-from tests.train.runner import _process_env, cli_argv, metrics_steps
+from tests.train.runner import _process_env, cli_argv, cosine_lr, metrics_steps
 
 DIVERGES = ["cluster=local", "cluster.device=cpu", "cluster.processes_per_node=2", "train.seq_len=64",
             "optimizer.lr=1e6", "train.max_steps=30", "checkpoint.every_steps=1",
@@ -61,3 +62,23 @@ def test_a_diverging_local_run_exits_65_keeps_the_last_good_checkpoint_and_ships
     assert not (run / REQUEUE_MARKER).exists()
     assert not (run / "hf_model").exists() and not (run / "hf_model_ema").exists()
     assert metrics_steps(run) == list(range(1, step + 1))  # the bad step is on record, nothing after it
+
+    # The advice, followed as printed: a lower optimizer.lr and the checkpoint.resume it names, the
+    # newest checkpoint before the one holding the weights that gave the NaN. The run trains to its
+    # end, finite, every resumed step at the lowered schedule (issue 36, item 1).
+    reason = rec["reason"]
+    assert "Lower optimizer.lr, then resume from it with checkpoint.resume=" in reason, reason
+    (resume,) = [w for w in shlex.split(reason.split("resume from it with ", 1)[1].split(":", 1)[0])
+                 if w.startswith("checkpoint.resume=")]
+    good = int(resume.rsplit("step-", 1)[1])
+    assert good == step - 2 and f"step-{step - 1} holds the weights that gave it" in reason, reason
+    again = subprocess.run(cli_argv(run, [*DIVERGES, "optimizer.lr=1e-3", resume]), env=_process_env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    got = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        got[json.loads(line)["step"]] = json.loads(line)
+    assert sorted(got) == list(range(1, 31)) and all(math.isfinite(got[s]["loss"]) for s in got)
+    assert [got[s]["lr"] for s in range(good + 1, 31)] == pytest.approx(
+        [cosine_lr(1e-3, 3, 30, s - 1) for s in range(good + 1, 31)], rel=1e-12)  # the smoke warmup: 3
+    assert (run / "hf_model" / "config.json").is_file()  # consolidated: the run ships

@@ -30,7 +30,7 @@ from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.train.fault_hooks import SAVE_DELAY_ENV
 from tests.train.conftest import copy_run
 from tests.train.runner import (
-    alive, child_pids, descendants, kill_tree, log_text, losses, metrics_steps, rank_pids, start_cli,
+    alive, child_pids, cosine_lr, descendants, kill_tree, log_text, losses, metrics_steps, rank_pids, start_cli,
     start_node_script, wait_for_step, write_scripts,
 )
 
@@ -100,6 +100,19 @@ def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> 
     assert proc.returncode == EXIT_OK, log_text(run)
     assert f"resumed from {run / 'checkpoints' / f'step-{step}'}" in log_text(run)
     assert not (run / REQUEUE_MARKER).exists()
+    # The steps before the signal ran at the 100000-step schedule; the two after it at the
+    # (step + 2)-step one from the first (issue 36, item 1): the smoke experiment's lr 3e-3, warmup 3.
+    lrs = _lrs(run)
+    assert sorted(lrs) == list(range(1, step + 3))
+    assert [lrs[s] for s in range(1, step + 1)] == pytest.approx(
+        [cosine_lr(3e-3, 3, 100000, s - 1) for s in range(1, step + 1)], rel=1e-12)
+    assert [lrs[s] for s in (step + 1, step + 2)] == pytest.approx(
+        [cosine_lr(3e-3, 3, step + 2, s - 1) for s in (step + 1, step + 2)], rel=1e-12)
+
+
+def _lrs(run: Path) -> dict[int, float]:
+    """``step -> lr`` from metrics.jsonl (the last line of a step wins)."""
+    return {json.loads(line)["step"]: json.loads(line)["lr"] for line in (run / "metrics.jsonl").read_text().splitlines()}
 
 
 def _tensors(step_dir: Path) -> dict[str, torch.Tensor]:
@@ -249,6 +262,8 @@ def test_ctrl_c_checkpoints_at_the_step_exits_75_and_the_printed_command_resumes
                                              earlier=(f"step-{step}",))
     steps = metrics_steps(run)
     assert steps == list(range(1, second + 1)) and second > step + 1, steps  # each step once
+    lrs = _lrs(run)  # the same command: the same schedule on both sides of the resume
+    assert [lrs[s] for s in steps] == pytest.approx([cosine_lr(3e-3, 3, 100000, s - 1) for s in steps], rel=1e-12)
 
 
 def _cli_pid(proc: subprocess.Popen) -> int:
