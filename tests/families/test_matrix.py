@@ -40,8 +40,8 @@ pytestmark = pytest.mark.slow
 
 # As short as a run that proves the chain can be: 2 steps, a checkpoint only at the end.
 RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
-# What training may change in config.json: the dtype written (checked on its own) and where it was loaded from.
-CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version", "dtype"})
+# What may differ in config.json as transformers reads it: where it was loaded from, and which release wrote it.
+CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version"})
 ATTENTION = "eager"  # one implementation every family has, for both sides of the logits comparison
 
 # What the matrix shows missing today: test -> (the rows it fails on, why). Strict: when a fix lands
