@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.model_dir import resolve_model
+from fsdp_workflow.config.path_keys import make_paths_absolute, path_issues
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.config.validate import validate
 from fsdp_workflow.container.checks import check_container_steps
@@ -22,12 +23,15 @@ from fsdp_workflow.data import checks as data_checks
 def check(cfg: WorkflowConfig) -> ValidationReport:
     """All errors and warnings of ``cfg``: config rules, then images, binds and ``--nv``, then the data format.
 
-    First ``cfg.model`` is made to describe the model that will train (its directory's
+    First every path key is made absolute (:mod:`fsdp_workflow.config.path_keys`, whose
+    refusals of paths that cannot work join the report), and ``cfg.model`` is made to describe the model that will train (its directory's
     ``config.json``: :func:`fsdp_workflow.config.model_dir.resolve_model`); what that
     replaced comes back as the report's notes. ``cfg`` is changed in place, so what
     is written and run is what was checked.
     """
+    make_paths_absolute(cfg)  # against the working directory: config.yaml means the same files from anywhere
     notes = resolve_model(cfg)
     report = validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES])
     report.notes[:0] = notes
+    report.errors.extend(path_issues(cfg))
     return report

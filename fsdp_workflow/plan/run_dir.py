@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import ConfigError, Issue, show_value
 from fsdp_workflow.config.load import PROJECT_ROOT, load_run_config, to_yaml
+from fsdp_workflow.config.path_keys import make_paths_absolute, path_problem
 from fsdp_workflow.config.record import open_run
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.core.commands import hydra_value, shell
@@ -119,7 +120,9 @@ def config_differences(old_config_file: Path, cfg: WorkflowConfig) -> List[Tuple
     """
     new = _as_flat(to_yaml(cfg))
     try:
-        old = _as_flat(to_yaml(load_run_config(old_config_file)))
+        recorded = load_run_config(old_config_file)
+        make_paths_absolute(recorded)  # a run planned before paths were recorded absolute: the same command again
+        old = _as_flat(to_yaml(recorded))
     except (OmegaConfBaseException, yaml.YAMLError, ValueError):  # another version's keys, or hand-edited
         try:
             old = _as_flat(old_config_file.read_text())
@@ -253,12 +256,10 @@ def run_dir_problem(run_dir: str) -> Optional[Issue]:
         return None
     path = Path(os.path.expanduser(str(run_dir)))
     fix = "run_dir=DIR naming a new directory (it is created), an empty one, or an earlier run of this tool"
-    for parent in [path, *path.parents]:  # a file on the way makes every write fail
-        if parent.exists() and not parent.is_dir():
-            what = "is a file" if parent == path else f"lies below {parent}, which is a file"
-            return Issue("run_dir", str(run_dir), f"{what}, not a directory", fix)
-        if parent.exists():
-            break
+    # too long, a file on the way, a read-only file system: every write would fail (with a traceback)
+    problem = path_problem("run_dir", str(run_dir), writes=True, fix=fix)
+    if problem is not None:
+        return problem
     if not path.is_dir():
         return None
     try:

@@ -111,7 +111,7 @@ def test_a_full_disk_refuses_the_snapshot_with_the_space_needed_and_freeing_it_w
     import sys
 
     fs = tmp_path / "fs"
-    _tiny_fs(fs, "4m")
+    _tiny_fs(fs, "6m")  # two snapshots of the package (about 2.2 MB each) and room to spare
     try:
         run_dir = fs / "run"
         argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
