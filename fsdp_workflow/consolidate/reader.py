@@ -40,6 +40,10 @@ class Chunk:
     offset: int
     length: int
     transforms: tuple[str, ...] = ()
+    base: int = 0  # first element of these bytes in the stored chunk (a box of it: :meth:`SourceTensor.select`)
+    stored: Shape | None = None  # the stored chunk's own sizes when this is a box of it
+    parent: Chunk | None = None  # the stored chunk this is a box of (its location is found once for all its boxes)
+    located: ChunkData | None = field(default=None, repr=False, compare=False)  # set on a parent once found
 
     @property
     def numel(self) -> int:
@@ -62,6 +66,40 @@ class SourceTensor:
     @property
     def nbytes(self) -> int:
         return self.numel * dtype_info(self.dtype)[1]
+
+    def select(self, index: Shape, rows: tuple[int, int]) -> SourceTensor:
+        """The box ``self[index..., rows[0]:rows[1], ...]`` as a tensor of its own (an expert of a fused MoE tensor).
+
+        Inside each chunk the box is one contiguous byte range (fixed indices, then a range
+        of one dimension, then every later dimension whole), so each chunk meeting it
+        becomes one chunk of the result at an element offset into the stored bytes, and the
+        writer copies byte ranges as for any tensor.
+
+        Args:
+            index: Indices of the leading dimensions.
+            rows: A range of the next dimension.
+
+        Returns:
+            A tensor of shape ``(rows[1] - rows[0],) + shape[len(index) + 1:]``.
+        """
+        k = len(index)
+        lo, hi = rows
+        assert k < len(self.shape) and 0 <= lo < hi <= self.shape[k], (self.fqn, index, rows)
+        out = SourceTensor(self.fqn, self.dtype, (hi - lo,) + self.shape[k + 1:])
+        for c in self.chunks:
+            if any(not (o <= i < o + n) for i, o, n in zip(index, c.offsets, c.sizes)):
+                continue
+            a, b = max(lo, c.offsets[k]), min(hi, c.offsets[k] + c.sizes[k])
+            if a >= b:
+                continue
+            stored = c.stored or c.sizes
+            strides = row_major_strides(c.sizes)
+            local = [i - o for i, o in zip(index, c.offsets)] + [a - c.offsets[k]]
+            base = c.base + sum(i * st for i, st in zip(local, strides))
+            out.chunks.append(Chunk((a - lo,) + c.offsets[k + 1:], (b - a,) + c.sizes[k + 1:], c.file, c.offset,
+                                    c.length, c.transforms, base, stored, c.parent or c))
+        assert sum(c.numel for c in out.chunks) == out.numel, (self.fqn, index, rows)
+        return out
 
 
 def row_major_strides(shape: Shape) -> Shape:
@@ -196,18 +234,27 @@ class ChunkHandle:
         self.mem: bytes | None = None
         self.data: ChunkData | None = None
         self._data_offset = 0  # absolute offset of the chunk's bytes when read from the file
+        item = dtype_info(dtype)[1]
         if chunk.transforms:
             self.mem = _torch_load_chunk(chunk)
         else:
-            self.data = locate_chunk(self.fd, chunk.offset, chunk.length, str(chunk.file))
-            self._data_offset = self.data.data_offset
-            if self.data.dtype != dtype or self.data.shape != chunk.sizes:
+            if chunk.parent is not None and chunk.parent.located is not None:  # an earlier expert of this chunk found it
+                self.data = chunk.parent.located
+            else:
+                self.data = locate_chunk(self.fd, chunk.offset, chunk.length, str(chunk.file))
+                if chunk.parent is not None:
+                    chunk.parent.located = self.data
+            self._data_offset = self.data.data_offset + chunk.base * item
+            stored = chunk.stored or chunk.sizes
+            if self.data.dtype != dtype or self.data.shape != stored:
                 raise ConsolidationError(
                     f"{chunk.file}: chunk at offset {chunk.offset} holds {self.data.dtype}{list(self.data.shape)}, "
-                    f"the metadata says {dtype}{list(chunk.sizes)}; the shard does not belong to this checkpoint"
+                    f"the metadata says {dtype}{list(stored)}; the shard does not belong to this checkpoint"
                 )
             if not self.data.contiguous:
                 self.mem = _torch_load_chunk(chunk)
+        if self.mem is not None and chunk.stored is not None:  # a box of the decoded chunk: its bytes alone
+            self.mem = self.mem[chunk.base * item : (chunk.base + chunk.numel) * item]
 
     @property
     def raw_offset(self) -> int | None:

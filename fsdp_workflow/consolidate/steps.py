@@ -34,6 +34,7 @@ from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
 from .errors import ConsolidationError
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
+from .hub_layout import hub_pieces
 from .keys import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
 from .source import Source
@@ -60,6 +61,7 @@ class OutputPlan:
     total_bytes: int
     dtype: str  # the floating dtype holding most bytes: config.json's ``torch_dtype``
     tied: TiedPair | None
+    notes: list[str] = field(default_factory=list)  # the expert layout written (:mod:`.hub_layout`), for verification.json
 
 
 @dataclass(frozen=True)
@@ -121,21 +123,23 @@ def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] |
     for c, m in zip(ckpts, mappings):
         c.check_files(list(m.values()))
     newest = {n: ckpts[-1].tensors[mappings[-1][n]] for n in names}
-    tied = tied_pair(names, source.reference.config if source.reference else None, newest)
+    config = source.reference.config if source.reference else None
+    tied = tied_pair(names, config, newest)
     w = normalise_weights(weights, len(ckpts)) if len(ckpts) > 1 or weights else None
+    layout = hub_pieces({n: newest[n].shape for n in names if not (tied and n == tied.dropped)}, config)
     tensors = []
-    for n in names:
-        if tied and n == tied.dropped:
-            continue
-        srcs = [c.tensors[m[n]] for c, m in zip(ckpts, mappings)]
+    for p in layout.pieces:
+        srcs = [c.tensors[m[p.source]] for c, m in zip(ckpts, mappings)]
+        if not p.whole:  # an expert of a fused tensor (hub_layout): its box of each source
+            srcs = [s.select(p.index, p.rows or (0, s.shape[len(p.index)])) for s in srcs]
         keep = srcs[-1].dtype
         dt = out_dtype if (out_dtype and keep in FLOAT_NAMES) else keep
-        tensors.append(OutTensor(n, srcs, dt, w if len(srcs) > 1 else None))
+        tensors.append(OutTensor(p.name, srcs, dt, w if len(srcs) > 1 else None))
     bytes_by_dtype: dict[str, int] = {}
     for t in tensors:
         bytes_by_dtype[t.dtype] = bytes_by_dtype.get(t.dtype, 0) + t.nbytes
     return OutputPlan(tensors, plan_files(tensors, max_shard_bytes), sum(t.nbytes for t in tensors),
-                      dominant_float_dtype(bytes_by_dtype), tied)
+                      dominant_float_dtype(bytes_by_dtype), tied, layout.notes)
 
 
 @contextmanager
@@ -314,8 +318,8 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
     Returns:
         The report; ``ok`` is False when any check failed, with the reasons in ``errors``.
     """
-    report: VerificationReport = {"ok": True, "errors": [], "notes": list(source.notes), "layout": source.layout,
-                                  "dtype": plan.dtype}
+    report: VerificationReport = {"ok": True, "errors": [], "notes": list(source.notes) + plan.notes,
+                                  "layout": source.layout, "dtype": plan.dtype}
     if source.layout == "deepspeed":
         report["deepspeed"] = [c.describe() for c in source.checkpoints if isinstance(c, DeepSpeedCheckpoint)]
     if source.meta_pt is not None:

@@ -18,6 +18,7 @@ from typing import Literal
 from fsdp_workflow.core.rundir import atomic_write_text
 
 from ..hf_assets import needs_arch_from_model_type
+from ..hub_layout import layout_for
 from .architecture_rules import ArchResult, expected_from_rules
 from .schema import FromPretrainedReport, KeyReport, VerificationReport
 
@@ -47,7 +48,9 @@ def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
     res.architecture = name
     with torch.device("meta"):
         model = cls(config)
-    res.expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    res.expected = {k: tuple(v.shape) for k, v in state.items()}
+    _expect_saved_layout(res, model, state, config.model_type)
     groups: dict[int, list[str]] = {}
     for pname, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(pname)
@@ -62,6 +65,32 @@ def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
     return res
 
 
+def _expect_saved_layout(res: ArchResult, model: object, state: dict, model_type: str) -> None:
+    """Where transformers saves other names than it holds (fused MoE experts), expect what the consolidator writes.
+
+    For a ``model_type`` in the consolidator's table (:mod:`..hub_layout`) that is the layout
+    ``save_pretrained`` writes, taken here from transformers' own reverse conversion
+    (``revert_weight_conversion``, on the meta device): an independent check of the table
+    at every consolidation. For any other the in-memory names are written and expected, and
+    a note says transformers would save them otherwise.
+    """
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without load-time conversions saves what it holds
+        return
+    saved = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, dict(state)).items()}
+    if saved == res.expected:
+        return
+    if layout_for({"model_type": model_type}) is not None:
+        res.expected = saved
+        res.notes.append(f"model_type '{model_type}': expected the names and shapes save_pretrained writes "
+                         "(transformers' revert_weight_conversion), as the consolidator writes them")
+    else:
+        res.notes.append(f"model_type '{model_type}': transformers saves {len(saved)} tensors under other names than "
+                         f"the {len(res.expected)} it holds; the consolidator has no rule for it "
+                         "(fsdp_workflow/consolidate/hub_layout.py) and writes the names held in memory")
+
+
 def _cache_path(reference: Path, archs: list[str]) -> Path | None:
     """Cache file for this config + transformers/torch versions, or None when disabled."""
     if os.environ.get("FSDP_WORKFLOW_NO_CACHE"):
@@ -73,7 +102,8 @@ def _cache_path(reference: Path, archs: list[str]) -> Path | None:
         versions = f"{importlib.metadata.version('transformers')}|{importlib.metadata.version('torch')}"
     except importlib.metadata.PackageNotFoundError:
         return None
-    key = hashlib.sha256((reference / "config.json").read_bytes() + json.dumps(archs).encode() + versions.encode()).hexdigest()
+    key = hashlib.sha256((reference / "config.json").read_bytes() + json.dumps(archs).encode() + versions.encode()
+                         + _CACHE_FORMAT).hexdigest()
     root = Path(os.environ.get("FSDP_WORKFLOW_CACHE") or Path.home() / ".cache" / "fsdp_workflow")
     return root / "arch" / f"{key[:32]}.json"
 
@@ -103,6 +133,9 @@ def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
         atomic_write_text(path, json.dumps({"architecture": res.architecture, "expected": res.expected,
                                             "optional": sorted(res.optional), "notes": res.notes}))
     return res
+
+
+_CACHE_FORMAT = b"|saved-layout"  # cached answers before the saved MoE layout expected fused experts
 
 
 class ArchitectureCheck(threading.Thread):

@@ -6,7 +6,9 @@ writer's plan (:class:`~fsdp_workflow.consolidate.writer.OutTensor`) or its chun
 ``zipchunk.locate_chunk``):
 
 * tensor names: ``.metadata`` is read again and every key renamed by calling the key-hygiene
-  rule (:func:`~fsdp_workflow.consolidate.keys.map_keys`) directly; the tied-embedding rule likewise;
+  rule (:func:`~fsdp_workflow.consolidate.keys.map_keys`) directly; the tied-embedding rule and
+  the saved layout of MoE experts (:func:`~fsdp_workflow.consolidate.hub_layout.hub_pieces`: which
+  box of which source tensor each expert is) likewise;
 * chunks: every chunk ``.metadata`` lists (replicas too), with its storage item;
 * chunk bytes: each item's ``torch.save`` archive is opened with the standard library's
   :mod:`zipfile` over a window of the shard file, which finds ``data/<key>``; ``data.pkl``
@@ -32,6 +34,7 @@ from fsdp_workflow.core.rundir import DCP_METADATA
 
 from ..casting import FLOAT_NAMES
 from ..errors import ConsolidationError
+from ..hub_layout import hub_pieces
 from ..keys import map_keys, tied_pair
 from ..metadata import TensorRef, TensorStorageMetadata, dtype_info, load_dcp_metadata, restricted_loads
 from ..reader import Chunk, DcpCheckpoint, _torch_load_chunk
@@ -51,6 +54,8 @@ class SrcChunk:
     length: int
     transforms: tuple[str, ...]
     listed: int = 1  # how many times .metadata lists this box (replicas)
+    # Where its plain bytes start in the file, once located: the experts cut from one chunk share it
+    data_start: int | None = None
 
 
 @dataclass
@@ -60,8 +65,11 @@ class Expected:
     name: str
     dtype: str  # output dtype
     shape: Box
-    sources: list[tuple[str, str, list[SrcChunk]]]  # per checkpoint: (fqn, stored dtype, chunks)
+    sources: list[tuple[str, str, list[SrcChunk]]]  # per checkpoint: (fqn, stored dtype, chunks meeting the box)
     weights: list[float] | None = None  # averaging weights, normalised
+    # A box of the source (an expert of a fused MoE tensor, :mod:`..hub_layout`): source[index..., rows, ...]
+    index: Box = ()
+    rows: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -95,19 +103,32 @@ def expected_model(source: Source, out_dtype: str | None, weights: list[float] |
     if len(per_ckpt) > 1 or weights:
         total = float(sum(weights)) if weights else float(len(per_ckpt))
         norm = [w / total for w in weights] if weights else [1.0 / len(per_ckpt)] * len(per_ckpt)
+    # The saved names of fused MoE experts: the naming rule the planner calls too (like map_keys)
+    layout = hub_pieces({n: newest[f][1] for n, f in m_last.items() if n != dropped}, config)
+    tiled: set[tuple[int, str]] = set()
     out: dict[str, Expected] = {}
-    for name, fqn in m_last.items():
-        if name == dropped:
-            continue
-        stored, shape, _ = newest[fqn]
+    for p in layout.pieces:
+        stored = newest[m_last[p.source]][0]
         srcs = []
-        for tensors, m in zip(per_ckpt, maps):
-            dt, sh, chunks = tensors[m[name]]
-            _check_tiling(name, sh, chunks)
-            srcs.append((m[name], dt, chunks))
+        for i, (tensors, m) in enumerate(zip(per_ckpt, maps)):
+            fqn = m[p.source]
+            dt, sh, chunks = tensors[fqn]
+            if (i, fqn) not in tiled:  # once per source tensor, not per expert cut from it
+                _check_tiling(p.source, sh, chunks)
+                tiled.add((i, fqn))
+            if not p.whole:
+                chunks = [c for c in chunks if _meets(c, p.index, p.rows or (0, sh[len(p.index)]))]
+            srcs.append((fqn, dt, chunks))
         dtype = out_dtype if (out_dtype and stored in FLOAT_NAMES) else stored
-        out[name] = Expected(name, dtype, shape, srcs, norm if len(srcs) > 1 else None)
+        out[p.name] = Expected(p.name, dtype, p.shape, srcs, norm if len(srcs) > 1 else None, p.index, p.rows)
     return ExpectedModel(out, dropped)
+
+
+def _meets(c: SrcChunk, index: Box, rows: tuple[int, int]) -> bool:
+    """Whether chunk ``c`` holds part of the box ``[index..., rows[0]:rows[1], ...]`` of its tensor."""
+    k = len(index)
+    return (all(o <= i < o + n for i, o, n in zip(index, c.offsets, c.sizes))
+            and c.offsets[k] < rows[1] and rows[0] < c.offsets[k] + c.sizes[k])
 
 
 def _tensors_of(ckpt: object) -> dict[str, tuple[str, Box, list[SrcChunk]]]:
@@ -226,11 +247,16 @@ def open_chunk(c: SrcChunk, dtype: str, itemsize: int) -> OpenChunk:
             shape ``.metadata`` declares.
     """
     fd = os.open(c.file, os.O_RDONLY)
+    if c.data_start is not None:  # located (and checked) for an earlier tensor cut from this chunk
+        return OpenChunk(c, fd, data_start=c.data_start)
     try:
-        return _locate(c, dtype, itemsize, fd)
+        opened = _locate(c, dtype, itemsize, fd)
     except BaseException:
         os.close(fd)
         raise
+    if opened.mem is None:
+        c.data_start = opened.data_start
+    return opened
 
 
 def _locate(c: SrcChunk, dtype: str, itemsize: int, fd: int) -> OpenChunk:

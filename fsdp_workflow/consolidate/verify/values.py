@@ -117,17 +117,18 @@ def _walk(e: Expected, offset: int, fd: int, name: str, kind: str, opened: list[
     phase = zlib.crc32(e.name.encode()) % every  # which slabs of this tensor are in the fixed fraction
     slabs = list(_slabs(shape, out_item, slab))
     whole = every == 1 or len(slabs) <= 1  # else the checksum is not reported: do not compute it
-    for base, lead, lo_j, hi_j, j in _chosen(slabs, every, phase, opened, shape):
+    for base, lead, lo_j, hi_j, j in _chosen(slabs, every, phase, opened, shape, e):
         box = (hi_j - lo_j,) + shape[j + 1:]
         n_out = _numel(box) * out_item
         compared += _numel(box)
         raw = _read(fd, offset + base * out_item, n_out, name, bufs.out)
         if whole:
             digest.update(raw)
+        at = _in_source(e, lead, lo_j, hi_j, j)[:4]  # the same slab, in the source tensor's coordinates
         if kind == "bytes":
-            bad = _bytes_differ(box, out_item, opened[-1], lead, lo_j, hi_j, j, bufs)
+            bad = _bytes_differ(box, out_item, opened[-1], *at, bufs)
         else:
-            bad = _values_differ(e, kind, raw, box, out_item, opened, in_dtypes, lead, lo_j, hi_j, j, bufs)
+            bad = _values_differ(e, kind, raw, box, out_item, opened, in_dtypes, *at, bufs)
         if bad is not None:
             return base + bad, compared / max(1, _numel(shape)), False  # the tensor is wrong; no checksum needed
     return None, compared / _numel(shape) if _numel(shape) else 1.0, whole
@@ -216,8 +217,26 @@ def _first_byte_diff(a: bytearray, a_off: int, b: bytearray, b_off: int, n: int)
     return 0
 
 
+def _in_source(e: Expected, lead: tuple[int, ...], lo_j: int, hi_j: int,
+               j: int) -> tuple[tuple[int, ...], int, int, int, int]:
+    """An output slab ``(lead, lo_j:hi_j on j)`` in the source tensor's coordinates, and the shift of dim ``j``.
+
+    An output tensor cut from a fused one (``e.index``, ``e.rows``: an expert) is
+    ``source[index..., rows[0] + r, ...]``: its dimension 0 is the source's ``len(index)``,
+    shifted by ``rows[0]``; later dimensions are the source's own. Chunk boxes stay in the
+    source's coordinates, so they are placed exactly as for a tensor written whole.
+    """
+    if not e.index and e.rows is None:
+        return lead, lo_j, hi_j, j, 0
+    k, shift = len(e.index), e.rows[0] if e.rows else 0
+    if j == 0:
+        return e.index, lo_j + shift, hi_j + shift, k, shift
+    return e.index + (lead[0] + shift,) + lead[1:], lo_j, hi_j, j + k, 0
+
+
 def _chosen(slabs: list[tuple[int, tuple[int, ...], int, int, int]], every: int, phase: int,
-            opened: list[list[OpenChunk]], shape: tuple[int, ...]) -> Iterator[tuple[int, tuple[int, ...], int, int, int]]:
+            opened: list[list[OpenChunk]], shape: tuple[int, ...],
+            e: Expected) -> Iterator[tuple[int, tuple[int, ...], int, int, int]]:
     """The slabs to compare: all of them (``every`` 1, or a tensor of one slab); in fast mode the
     slabs ``i`` with ``(i + phase) % every == 0`` (a fixed fraction over the model, the phase
     spreading it over small tensors too), and from each other slab only the rows where a chunk
@@ -226,20 +245,24 @@ def _chosen(slabs: list[tuple[int, tuple[int, ...], int, int, int]], every: int,
         if every == 1 or len(slabs) == 1 or (index + phase) % every == 0:
             yield base, lead, lo_j, hi_j, j
             continue
-        rows = _boundary_rows(opened, lead, lo_j, hi_j, j)
+        src_lead, src_lo, src_hi, src_j, shift = _in_source(e, lead, lo_j, hi_j, j)
+        rows = _boundary_rows(opened, src_lead, src_lo, src_hi, src_j, len(e.index))
         if rows is None:
             yield base, lead, lo_j, hi_j, j
             continue
         inner = _numel(shape[j + 1:])
-        for r in sorted(rows):
+        for r in sorted(x - shift for x in rows):
             yield base + (r - lo_j) * inner, lead, r, r + 1, j
 
 
-def _boundary_rows(opened: list[list[OpenChunk]], lead: tuple[int, ...], lo_j: int, hi_j: int, j: int) -> set[int] | None:
+def _boundary_rows(opened: list[list[OpenChunk]], lead: tuple[int, ...], lo_j: int, hi_j: int, j: int,
+                   cut: int = 0) -> set[int] | None:
     """Indices along ``j`` in ``[lo_j, hi_j)`` where a chunk meeting the slab starts or ends; None: the whole slab.
 
     Dimensions after ``j`` are whole in every slab, so their chunk edges are in every row
-    compared; a fixed index before ``j`` at a chunk's edge makes the whole slab a boundary.
+    compared; a fixed index before ``j`` at a chunk's edge makes the whole slab a boundary,
+    except the first ``cut`` ones: those select the output from a fused tensor (an expert,
+    which lies whole in its chunk), so an edge there is no edge of the output.
     """
     rows: set[int] = set()
     for chunks in opened:
@@ -247,7 +270,7 @@ def _boundary_rows(opened: list[list[OpenChunk]], lead: tuple[int, ...], lo_j: i
             offs, sizes = oc.box.offsets or (0,), oc.box.sizes or (1,)
             if any(not (o <= i < o + s) for i, o, s in zip(lead, offs, sizes)):
                 continue
-            if any(i in (o, o + s - 1) for i, o, s in zip(lead, offs, sizes)):
+            if any(i in (o, o + s - 1) for i, o, s in list(zip(lead, offs, sizes))[cut:]):
                 return None
             rows.update(r for r in (offs[j], offs[j] + sizes[j] - 1) if lo_j <= r < hi_j)
     return rows
