@@ -46,12 +46,7 @@ ATTENTION = "eager"  # one implementation every family has, for both sides of th
 
 # What the matrix shows missing today: test -> (the rows it fails on, why). Strict: when a fix lands
 # the test passes, pytest reports it failed (XPASS strict), and its line here goes with the fix.
-OPEN: Dict[str, Tuple[frozenset, str]] = {
-    "test_same_tensor_names_shapes_and_tie": (
-        frozenset({"qwen3-moe", "mixtral"}),
-        "the consolidator writes transformers 5's fused in-memory expert tensors (mlp.experts.gate_up_proj "
-        "[E, 2I, H], mlp.experts.down_proj [E, H, I]), not the per-expert names the directory and the hub hold"),
-}
+OPEN: Dict[str, Tuple[frozenset, str]] = {}  # none today: bf16 keeps bf16 (consolidate.dtype=auto), experts per-expert
 
 
 @pytest.fixture(autouse=True)
