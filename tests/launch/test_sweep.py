@@ -6,7 +6,7 @@ The real command: ``python -m fsdp_workflow -m +experiment=smoke optimizer.lr=1e
 run_dir=SWEEP`` on this machine. The first point diverges (NaN at step 2, exit 65); the
 second still trains to its last step; the sweep exits 65, the worst point's code; and
 ``python -m fsdp_workflow.status SWEEP`` lists both outcomes. The Slurm route (a point
-refused by sbatch, the next one still submitted) is in tests/slurm/test_sweep.py.
+refused by sbatch, the next one still submitted) is in tests/slurm/test_sweep_slurm.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A Hydra multirun sweep on the real local Slurm: one whole chain per point, an index, status over it.
 
-    python -m pytest tests/slurm/test_sweep.py
+    python -m pytest tests/slurm/test_sweep_slurm.py
 
 ``python -m fsdp_workflow -m ... optimizer.lr=A,B run_dir=SWEEP`` validates both
 points, then submits prepare -> train -> consolidate for each, in ``SWEEP/0`` and
