@@ -44,17 +44,6 @@ RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "ch
 CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version"})
 ATTENTION = "eager"  # one implementation every family has, for both sides of the logits comparison
 
-# What the matrix shows missing today: test -> (the rows it fails on, why). Strict: when a fix lands
-# the test passes, pytest reports it failed (XPASS strict), and its line here goes with the fix.
-OPEN: Dict[str, Tuple[frozenset, str]] = {}  # none today: bf16 keeps bf16 (consolidate.dtype=auto), experts per-expert
-
-
-@pytest.fixture(autouse=True)
-def _open_gap(request: pytest.FixtureRequest) -> None:
-    rows, why = OPEN.get(request.node.originalname, (frozenset(), ""))
-    if request.node.callspec.params["family_run"].key in rows:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=why))
-
 
 @dataclass(frozen=True)
 class FamilyRun:
