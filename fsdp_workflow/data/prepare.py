@@ -16,18 +16,16 @@ prepare kept); 1 unexpected (a traceback).
 from __future__ import annotations
 
 import argparse
-import collections
 import hashlib
 import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,6 +43,7 @@ from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
 from fsdp_workflow.data.templates import TemplateError, resolve_template
 from fsdp_workflow.data.tokenizer import load_tokenizer, tokenizer_source
+from fsdp_workflow.data.workers import WorkerDied, ordered_map
 
 log = logging.getLogger(__name__)
 
@@ -176,30 +175,11 @@ def _encode_all(chunks: Iterable[Any], spec: EncodeSpec, tokenizer: Any, workers
             on_result(res)
             out.append(res)
         return out
-    import multiprocessing
-
-    # fork: the workers inherit the tokenizer and the compiled template set up above
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=_child_init) as pool:
-        pending: Deque[Any] = collections.deque()
-        for c in chunks:
-            pending.append(pool.apply_async(encode_chunk, (c,)))
-            if len(pending) >= 2 * workers:
-                res = pending.popleft().get()
-                on_result(res)
-                out.append(res)
-        while pending:
-            res = pending.popleft().get()
-            on_result(res)
-            out.append(res)
+    # forked: the workers inherit the tokenizer and the compiled template set up above
+    for res in ordered_map(encode_chunk, chunks, workers):
+        on_result(res)
+        out.append(res)
     return out
-
-
-def _child_init() -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
-    # Ctrl-C reaches the whole process group: the parent reports it once and ends the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's (sigterm_as_ctrl_c): Pool.terminate ends us
 
 
 @dataclass
@@ -585,11 +565,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (DataError, TemplateError, CacheError, ConfigError, FileNotFoundError, OmegaConfBaseException) as err:
         report_user_error(log, f"prepare: {err}", err)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM; the workers ignore SIGINT (_child_init): one message, from here
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM; the workers ignore both (data/workers.py): one message, from here
         code, how = stopped_by()
         log.error("prepare: %s; nothing of this prepare is kept or used (a cache is published only when "
                   "complete). Run the same command again to prepare from the start.", how)
         return code
+    except WorkerDied as err:  # the kernel's OOM killer, most often: its message says what to lower
+        log.error("prepare: %s", err)
+        return EXIT_FAILURE
     except Exception:  # noqa: BLE001 - the traceback is the report
         log.exception("prepare failed")
         return EXIT_FAILURE
