@@ -1,13 +1,51 @@
-"""The family replicas, built once per test session and shared by the planning and training tests."""
+"""The family replicas and their fine-tuning runs, each made once per test session and shared.
+
+The replicas serve the planning and training tests; a replica's run (the real command,
+2 steps on 2 gloo ranks: :mod:`.test_matrix`) serves the matrix and the modules that check
+one family further (:mod:`.test_moe_experts`). The modules using the runs share one xdist
+group (``families``), so each run happens once per suite.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict
 
 import pytest
 
 from .replicas import BY_KEY, Replica, build
+
+# As short as a run that proves the chain can be: 2 steps, a checkpoint only at the end.
+RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    row: Replica
+    base: Path  # the replica's directory, as the user downloaded it
+    run_dir: Path
+
+    @property
+    def out(self) -> Path:
+        return self.run_dir / "hf_model"
+
+
+def family_env() -> Dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this torchrun
+
+
+def _cli(row: Replica, base: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    # A family with a stock template trains on it (smoke_chat names chatml for the tiny byte-level
+    # models, which have none); a base model without one is given chatml, as its user must.
+    template = "data.chat_template=null" if row.chat else "data.chat_template=chatml"
+    argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke_chat", f"model.name_or_path={base}",
+            f"run_dir={run_dir}", template, *RUN, *row.run]
+    return subprocess.run(argv, cwd=run_dir.parent, env=family_env(), capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -21,5 +59,22 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Replica], Pat
         if row.key not in built:
             built[row.key] = build(row, root / row.key)
         return built[row.key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_runs(replica: Callable[[Replica], Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Callable[[Replica], FamilyRun]:
+    """``family_runs(row)``: ``python -m fsdp_workflow +experiment=smoke_chat model.name_or_path=DIR``, once per row."""
+    done: Dict[str, FamilyRun] = {}
+
+    def get(row: Replica) -> FamilyRun:
+        if row.key not in done:
+            run_dir = tmp_path_factory.mktemp(f"run-{row.key}") / "run"
+            proc = _cli(row, replica(row), run_dir)
+            assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            done[row.key] = FamilyRun(row, replica(row), run_dir)
+        return done[row.key]
 
     return get

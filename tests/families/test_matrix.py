@@ -1,7 +1,7 @@
 """The family matrix: each replica fine-tuned from its directory alone, as a user would, then loaded back.
 
-One run per family (:func:`family_run`, module-scoped: every test of a family shares
-it): ``python -m fsdp_workflow +experiment=smoke_chat model.name_or_path=DIR`` on the
+One run per family (conftest's ``family_runs``, once per session: every test of a family
+shares it): ``python -m fsdp_workflow +experiment=smoke_chat model.name_or_path=DIR`` on the
 shipped conversations rendered by the family's own template, which prepares the
 data, trains 2 steps with FSDP2 (the default strategy) on 2 gloo ranks, and
 consolidates (verification on, the default). Then the consolidated model against
@@ -21,12 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
@@ -34,47 +30,19 @@ from fsdp_workflow.core.rundir import list_checkpoints
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from tests.data.test_families import TEMPLATES
 
+from .conftest import FamilyRun
 from .replicas import FAMILIES, Replica
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("families")]  # the runs are shared with test_moe_experts
 
-# As short as a run that proves the chain can be: 2 steps, a checkpoint only at the end.
-RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
 # What may differ in config.json as transformers reads it: where it was loaded from, and which release wrote it.
 CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version"})
 ATTENTION = "eager"  # one implementation every family has, for both sides of the logits comparison
 
 
-@dataclass(frozen=True)
-class FamilyRun:
-    row: Replica
-    base: Path  # the replica's directory, as the user downloaded it
-    run_dir: Path
-
-    @property
-    def out(self) -> Path:
-        return self.run_dir / "hf_model"
-
-
-def _cli(row: Replica, base: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    # A family with a stock template trains on it (smoke_chat names chatml for the tiny byte-level
-    # models, which have none); a base model without one is given chatml, as its user must.
-    template = "data.chat_template=null" if row.chat else "data.chat_template=chatml"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this torchrun
-    argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke_chat", f"model.name_or_path={base}",
-            f"run_dir={run_dir}", template, *RUN, *row.run]
-    return subprocess.run(argv, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda r: r.key)
-def family_run(request: pytest.FixtureRequest, replica: Callable[[Replica], Path],
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[FamilyRun]:
-    row: Replica = request.param
-    run_dir = tmp_path_factory.mktemp(f"run-{row.key}") / "run"
-    proc = _cli(row, replica(row), run_dir)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    yield FamilyRun(row, replica(row), run_dir)
+def family_run(request: pytest.FixtureRequest, family_runs: Callable[[Replica], FamilyRun]) -> FamilyRun:
+    return family_runs(request.param)
 
 
 def _layout(directory: Path) -> Dict[str, Tuple[Tuple[int, ...], str]]:
