@@ -43,11 +43,14 @@ OPENS = {"llama3.1": ("<|start_header_id|>assistant<|end_header_id|>\n\n",),
          "llama3.2": ("<|start_header_id|>assistant<|end_header_id|>\n\n",),
          "llama3.3": ("<|start_header_id|>assistant<|end_header_id|>\n\n",),
          "qwen2.5": ("<|im_start|>assistant\n",), "qwen3": ("<|im_start|>assistant\n",),
-         "mistral-v0.3": ("[/INST] ", "[/INST]", "[/TOOL_RESULTS] "), "mistral-nemo": ("[/INST]", "[/TOOL_RESULTS]")}
+         "mistral-v0.3": ("[/INST] ", "[/INST]", "[/TOOL_RESULTS] ", "[/TOOL_RESULTS]"), "mistral-nemo": ("[/INST]", "[/TOOL_RESULTS]")}
 
 
 def oracle(name: str, text: str) -> List[Tuple[int, int]]:
-    """Each assistant turn: after its opener (the longest that matches), skipping Qwen3's own empty think block."""
+    """Each assistant turn: after its opener (the longest that matches), skipping Qwen3's own empty think block.
+
+    Mistral has no assistant header: a turn is what follows ``[/INST]`` or the last of a run of
+    ``[TOOL_RESULTS]`` blocks (one result followed by another opens nothing)."""
     fam, spans, i = FAMILIES[name], [], 0
     while True:
         hits = [(text.find(o, i), -len(o), o) for o in OPENS[name] if text.find(o, i) >= 0]
@@ -55,6 +58,9 @@ def oracle(name: str, text: str) -> List[Tuple[int, int]]:
             return spans
         h, _, o = min(hits)
         start = h + len(o)
+        if text.startswith("[TOOL_RESULTS]", start):  # the next result of the same calls, not a turn
+            i = start
+            continue
         if fam.empty_think and text.startswith(fam.empty_think, start):
             start += len(fam.empty_think)
         end = text.find(fam.eot, start)
@@ -94,6 +100,56 @@ def test_tool_call_is_trained_as_the_assistants_output(toks: Dict[str, Any], nam
         assert "<tool_call>" in trained
     if name.startswith("mistral"):
         assert "[TOOL_CALLS]" in trained
+
+
+def _call(i: int, city: str) -> Dict[str, Any]:
+    return {"id": f"call0000{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+
+
+def _result(i: int, city: str) -> Dict[str, Any]:
+    return {"role": "tool", "tool_call_id": f"call0000{i}", "name": "get_weather", "content": f"{city}: {RESULT}"}
+
+
+CHAINED = [{"role": "user", "content": "Weather in Paris, then in Oslo?"},
+           {"role": "assistant", "content": "", "tool_calls": [_call(1, "Paris")]}, _result(1, "Paris"),
+           {"role": "assistant", "content": "", "tool_calls": [_call(2, "Oslo")]}, _result(2, "Oslo"),
+           {"role": "assistant", "content": ANSWER}]
+PARALLEL = [{"role": "user", "content": "Weather in Paris and Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [_call(1, "Paris"), _call(2, "Oslo")]},
+            _result(1, "Paris"), _result(2, "Oslo"), {"role": "assistant", "content": ANSWER}]
+
+
+def _renders(tok: Any, conv: List[Dict[str, Any]]) -> bool:
+    try:
+        tok.apply_chat_template(conv, tools=TOOLS, tokenize=False)
+        return True
+    except Exception:  # noqa: BLE001 - a template's raise_exception: the family cannot hold this shape
+        return False
+
+
+@pytest.mark.parametrize("shape", ["chained", "parallel"])
+@pytest.mark.parametrize("name", list(OPENS))
+def test_several_calls_are_each_trained_and_every_result_is_not(toks: Dict[str, Any], name: str, shape: str) -> None:
+    """Calls one after another (call, result, call, result, answer) or at once (two calls, two results):
+    each assistant turn is trained as the family's template writes it, no tool result ever. A family
+    whose template refuses the shape (Llama 3.x: one call per turn) gets the record refused, with the
+    template's own words, not a silently partial render."""
+    tok, conv = toks[name], CHAINED if shape == "chained" else PARALLEL
+    res = encode(tok, tok.chat_template, [{"messages": copy.deepcopy(conv), "tools": TOOLS}])
+    if not _renders(tok, conv):
+        assert name.startswith("llama") and shape == "parallel", name
+        assert len(res.bad) == 1 and res.labels.size == 0 and "single tool-call" in res.bad[0][2], res.bad
+        return
+    assert not res.bad, res.bad
+    text = tok.apply_chat_template(conv, tools=TOOLS, tokenize=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert res.tokens.tolist() == enc["input_ids"]
+    spans = oracle(name, text)
+    assert len(spans) == (3 if shape == "chained" else 2), spans
+    assert (res.labels != IGNORE_INDEX).astype(int).tolist() == overlap_mask(enc["offset_mapping"], spans)
+    trained = tok.decode(res.tokens[res.labels != IGNORE_INDEX])
+    assert '"Paris"' in trained and '"Oslo"' in trained and ANSWER in trained
+    assert RESULT not in trained and "Weather in a city" not in trained
 
 
 @pytest.mark.parametrize("name", ["qwen2.5", "qwen3", "llama3.1"])
