@@ -263,6 +263,19 @@ class RunRecord:
         self.problems += series.problems
         return series
 
+    @cached_property
+    def saves(self) -> Optional[StepRecords]:
+        """``saves.jsonl``: one record per checkpoint the trainer committed, pruned ones included.
+
+        None for a run whose trainer predates the record (no file): which steps it saved is
+        then known only from ``checkpoint.every_steps`` and ``train.max_steps``.
+        """
+        if not self._files.saves.exists():
+            return None
+        series = read_steps(self._files.saves)
+        self.problems += series.problems
+        return series
+
     # ------------------------------------------------------------ checkpoints and models
     @cached_property
     def checkpoints(self) -> List[Tuple[int, Path]]:

@@ -23,6 +23,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
+      saves.jsonl                                             one line per checkpoint the trainer committed ({"step": N})
       job_exits/<role>-<id>.json                              every job's exit record (code, cause), written by its script
       .lock                                                   one holder at a time (core/lock.py): planner, launcher, rank 0
       .preflight/<job id>.<restart>/node-I.json               each node's facts for the training job's preflight (kept on failure)
@@ -57,6 +58,7 @@ SWEEP_FILE = "sweep.json"  # in a sweep directory: each point's overrides, run d
 METRICS_FILE = "metrics.jsonl"
 TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torchrun reports any failure as 1)
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
+SAVES_FILE = "saves.jsonl"  # one JSON line per checkpoint the trainer committed, pruned ones included
 REQUEUE_MARKER = ".requeue"  # written by the trainer when it checkpointed on a signal; the job scripts requeue on it
 CACHE_DIR = ".cache"
 RUN_LOCK_FILE = ".lock"  # flock'd by the planner while it writes, the local launcher and rank 0 while training
@@ -147,6 +149,14 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
 def atomic_write_json(path: Path, obj: Any) -> None:
     """:func:`atomic_write_text` of ``obj`` as indented JSON with a final newline."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def append_json_line(path: Path, obj: Any) -> None:
+    """Append ``obj`` as one JSON line to ``path`` and make it durable (a series such as :data:`SAVES_FILE`)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_sweep_index(sweep_dir: Path) -> dict:
@@ -307,6 +317,11 @@ class RunDir:
     @property
     def train_exit(self) -> Path:
         return self.root / TRAIN_EXIT_FILE
+
+    @property
+    def saves(self) -> Path:
+        """``saves.jsonl``: every step the trainer saved a checkpoint of, written at each commit."""
+        return self.root / SAVES_FILE
 
     @property
     def requeue_marker(self) -> Path:

@@ -6,7 +6,8 @@ Run by ``eval.sbatch`` for each checkpoint (``consolidate.every_checkpoint=true`
 hand. It prints the record it appended (one JSON line, :mod:`fsdp_workflow.evaluate.record`)
 and logs it to the run's experiment trackers. Exit code 0 (``ok`` or ``skipped``), 1 when the
 evaluation failed, 2 for bad arguments, a RUN_DIR without a readable config.yaml, or a STEP
-the run never saved (nothing is appended then; the message lists the steps it holds).
+the run never saved (nothing is appended then; the message lists the steps it saved, from
+``RUN_DIR/saves.jsonl``, and the save interval).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from fsdp_workflow.consolidate import ConsolidationError, consolidate
 from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, QUARANTINE_SUFFIX, step_name
@@ -28,6 +28,42 @@ class NoSuchCheckpoint(ValueError):
     """STEP names no checkpoint the run has, had, or set aside: a wrong argument, not a pruned step."""
 
 
+def could_have_saved(run: EvalRun, step: int) -> bool:
+    """Whether the run saved (or, for a run without ``saves.jsonl``, can have saved) ``step-STEP``.
+
+    The trainer records each commit in ``saves.jsonl``. A run written before that record
+    falls back to the save rule: a checkpoint every ``checkpoint.every_steps`` steps, one at
+    ``train.max_steps``, and the one ``train_exit.json`` names (a preemption's save).
+    """
+    if run.saved is not None:
+        return step in run.saved
+    every, cfg = run.cfg.checkpoint.every_steps, run.cfg
+    return step >= 1 and ((every > 0 and step % every == 0) or step == cfg.train.max_steps or step == run.exit_saved)
+
+
+def _steps(steps: List[int]) -> str:
+    """``step-2, step-4 ... step-98, step-100``: a long list kept to its ends."""
+    names = [step_name(s) for s in steps]
+    return ", ".join(names) if len(names) <= 10 else ", ".join(names[:3]) + " ... " + ", ".join(names[-5:])
+
+
+def _never_saved(run: EvalRun, step: int) -> NoSuchCheckpoint:
+    layout, cfg = run.layout, run.cfg
+    every = cfg.checkpoint.every_steps
+    rule = (f"checkpoint.every_steps={every}: a checkpoint every {every} steps and one at the final step, "
+            f"train.max_steps={cfg.train.max_steps}" if every > 0 else
+            f"checkpoint.every_steps=0: only the final step, train.max_steps={cfg.train.max_steps}")
+    if run.saved is not None:
+        what = (f"this run saved {_steps(sorted(set(run.saved)))} ({rule}; {layout.saves})" if run.saved
+                else f"this run has saved no checkpoint yet ({rule})")
+    else:  # a run from before saves.jsonl: the rule alone says which steps it can have saved
+        what = f"this run saves by the rule {rule}, and step {step} is not one of them"
+    held = [s for s, _ in layout.list_checkpoints()]
+    example = held[-1] if held else (sorted(run.saved)[-1] if run.saved else "STEP")
+    return NoSuchCheckpoint(f"{layout.step_dir(step)}: step {step} was never saved: {what}. Nothing was recorded; "
+                            f"give a saved step, e.g. `python -m fsdp_workflow.evaluate {layout.root} {example}`")
+
+
 def why_absent(run: EvalRun, step: int) -> str:
     """Why ``step-STEP`` (and its snapshot) is gone, when the run can explain it.
 
@@ -35,18 +71,21 @@ def why_absent(run: EvalRun, step: int) -> str:
     ``checkpoint.keep_last`` (a newer one exists then), set aside as damaged
     (``step-N.corrupt``), or removed after the final consolidation
     (``consolidate.remove_sharded``): the record then says so and the job succeeds.
-    Anything else (a step the run never saved, a typo) is the caller's mistake.
+    Anything else is the caller's mistake: a step the run never saved
+    (:func:`could_have_saved`), or a saved step that nothing above explains.
 
     Raises:
-        NoSuchCheckpoint: naming the steps the run does hold.
+        NoSuchCheckpoint: naming the steps the run saved (or holds) and the save interval.
     """
     layout = run.layout
-    held = [s for s, _ in layout.list_checkpoints()]
-    if any(s > step for s in held):
-        return f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)"
     name = layout.step_dir(step).name + QUARANTINE_SUFFIX
     if any(p.name == name or p.name.startswith(name + "-") for p in layout.quarantined()):
         return f"{layout.step_dir(step)} was set aside as damaged ({name}): there is nothing to evaluate"
+    if not could_have_saved(run, step):
+        raise _never_saved(run, step)
+    held = [s for s, _ in layout.list_checkpoints()]
+    if any(s > step for s in held):
+        return f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)"
     if run.cfg.consolidate.remove_sharded and (layout.hf_model / "verification.json").is_file():
         return f"{layout.step_dir(step)} was removed after its verified consolidation (consolidate.remove_sharded=true)"
     holds = ", ".join(step_name(s) for s in held) or "no complete checkpoint yet"

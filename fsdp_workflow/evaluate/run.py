@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Tuple
 
 from fsdp_workflow.config.record import open_run as run_record
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.core.rundir import RunDir, parse_step
 
 
 class RunNotReadable(ValueError):
@@ -26,10 +27,16 @@ class EvalRun:
         cfg: the run's resolved config (``config.yaml``), typed.
         layout: every path of the run: the directory given, with the config's
             ``cluster.log_dir`` and ``consolidate.output_dir``.
+        saved: every step the trainer saved a checkpoint of (``saves.jsonl``), pruned ones
+            included; None for a run whose trainer predates that record.
+        exit_saved: the step of the checkpoint ``train_exit.json`` names (a save on a
+            preemption or at the end), for a run without ``saves.jsonl``.
     """
 
     cfg: WorkflowConfig
     layout: RunDir
+    saved: Optional[Tuple[int, ...]] = None
+    exit_saved: Optional[int] = None
 
 
 def open_run(run_dir: Path) -> EvalRun:
@@ -55,4 +62,8 @@ def open_run(run_dir: Path) -> EvalRun:
                                  "(`python -m fsdp_workflow.replan RUN_DIR` checks a hand-edited config)")
         raise RunNotReadable(f"{RunDir(record.root).config}: not found; RUN_DIR must be a run directory written by "
                              "`python -m fsdp_workflow ... run_dir=RUN_DIR` (it holds config.yaml)")
-    return EvalRun(cfg, record.layout)
+    saves = record.saves
+    exit_ = record.train_exit or {}
+    checkpoint = exit_.get("checkpoint")
+    return EvalRun(cfg, record.layout, tuple(saves.steps) if saves is not None else None,
+                   parse_step(Path(checkpoint).name) if isinstance(checkpoint, str) else None)

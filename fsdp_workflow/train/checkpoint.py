@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
@@ -113,6 +114,8 @@ class CheckpointDir:
             _remove_dir(final)
         os.replace(self.run.step_tmp(step), final)
         rundir.fsync_dir(self.run.checkpoints)
+        # Which steps were saved, pruned ones included: evaluate tells a pruned step from one never saved.
+        rundir.append_json_line(self.run.saves, {"step": step, "time": round(time.time(), 3)})
         # The previous hook may be hard-linking the step about to be pruned.
         self.hook.wait()
         self._prune()

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ from fsdp_workflow.evaluate.__main__ import main
 from fsdp_workflow.evaluate.checkpoint import evaluate_checkpoint
 from fsdp_workflow.evaluate.perplexity import MAX_EVAL_SAMPLES
 from fsdp_workflow.evaluate.run import RunNotReadable, open_run
-from tests.conftest import EMA_RUN
+from tests.conftest import EMA_RUN, EMA_STEPS
 from tests.train.runner import launch_env, make_run_dir
 
 pytestmark = pytest.mark.slow
@@ -109,20 +110,29 @@ def test_the_snapshot_is_read_and_removed_the_checkpoint_kept(run: Path) -> None
     assert not snapshot.exists() and layout.step_dir(EVERY).is_dir()
 
 
-def _holding(tmp_path: Path, steps: list[int], overrides: tuple[str, ...] = ()) -> Path:
-    """A run directory whose checkpoints/ holds complete-looking ``step-N`` for ``steps`` (no weights)."""
+def _holding(tmp_path: Path, steps: list[int], overrides: tuple[str, ...] = (),
+             saved: Optional[list[int]] = None) -> Path:
+    """A run directory whose checkpoints/ holds complete-looking ``step-N`` for ``steps`` (no weights).
+
+    The smoke config saves every 10 steps to ``train.max_steps=30``. ``saved``: the steps its
+    ``saves.jsonl`` records, as the trainer writes it; None leaves the run without that record
+    (a run of an earlier version).
+    """
     run_dir = make_run_dir(tmp_path / "run", list(overrides), prepare_data=False)
     for step in steps:
         RunDir.of(run_dir).step_dir(step).mkdir(parents=True)
         (RunDir.of(run_dir).step_dir(step) / ".metadata").write_bytes(b"")
+    if saved is not None:
+        RunDir.of(run_dir).saves.write_text("".join(json.dumps({"step": s}) + "\n" for s in saved))
     return run_dir
 
 
-def test_a_checkpoint_pruned_before_the_job_ran_is_skipped_naming_it(tmp_path: Path) -> None:
-    run_dir = _holding(tmp_path, [6, 8])  # keep_last pruned 2 and 4 when 6 and 8 landed
-    assert main([str(run_dir), "4"]) == 0
+@pytest.mark.parametrize("saved", [[10, 20, 30], None], ids=["recorded", "older-run"])
+def test_a_checkpoint_pruned_before_the_job_ran_is_skipped_naming_it(tmp_path: Path, saved) -> None:
+    run_dir = _holding(tmp_path, [20, 30], saved=saved)  # keep_last=2 pruned step-10 when step-30 landed
+    assert main([str(run_dir), "10"]) == 0
     [record] = _evals(run_dir)
-    assert record["status"] == "skipped" and record["reason"] == f"{RunDir.of(run_dir).step_dir(4)} is gone " \
+    assert record["status"] == "skipped" and record["reason"] == f"{RunDir.of(run_dir).step_dir(10)} is gone " \
         "(pruned by keep_last before this job ran)" and "loss" not in record
 
 
@@ -136,23 +146,52 @@ def test_a_checkpoint_set_aside_as_damaged_is_skipped_naming_it(tmp_path: Path) 
 
 def test_the_final_checkpoint_removed_after_its_consolidation_is_skipped(tmp_path: Path) -> None:
     run_dir = _holding(tmp_path, [], ("consolidate.remove_sharded=true",))
-    assert main([str(run_dir), "6"]) == 2  # not consolidated yet: nothing explains the absence
+    assert main([str(run_dir), "30"]) == 2  # not consolidated yet: nothing explains the absence
     RunDir.of(run_dir).hf_model.mkdir()
     (RunDir.of(run_dir).hf_model / "verification.json").write_text("{}")
-    assert main([str(run_dir), "6"]) == 0
+    assert main([str(run_dir), "30"]) == 0
     [record] = _evals(run_dir)
     assert record["status"] == "skipped" and "consolidate.remove_sharded=true" in record["reason"]
 
 
-def test_a_step_the_run_never_saved_exits_2_listing_the_steps_and_records_nothing(
+def test_a_step_the_run_never_saved_exits_2_listing_the_saved_steps_and_records_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = _holding(tmp_path, [3, 6])
-    assert main([str(run_dir), "99"]) == 2  # a typo, not a pruned step: no newer checkpoint exists
+    """Issue 41: ``evaluate RUN 7`` with saves every 10 appended a false "step-7 is gone (pruned ...)" record."""
+    run_dir = _holding(tmp_path, [20, 30], saved=[10, 20, 30])
+    for step in (7, 0, 99):  # between two saves, before the first, past the last
+        assert main([str(run_dir), str(step)]) == 2
+        err = capsys.readouterr().err
+        assert f"{RunDir.of(run_dir).step_dir(step)}: step {step} was never saved: this run saved " \
+            "step-10, step-20, step-30 (checkpoint.every_steps=10: a checkpoint every 10 steps" in err, err
+        assert "pruned" not in err and f"python -m fsdp_workflow.evaluate {run_dir} 30" in err
+    assert not RunDir.of(run_dir).evals_file.exists()  # nothing appended by any refused call
+    # A step the trainer saved outside the interval (a preemption's save at 13) is a saved step.
+    RunDir.of(run_dir).saves.write_text("".join(json.dumps({"step": s}) + "\n" for s in (10, 13, 20, 30)))
+    assert main([str(run_dir), "13"]) == 0 and _evals(run_dir)[-1]["reason"].endswith("(pruned by keep_last "
+                                                                                      "before this job ran)")
+
+
+def test_a_run_without_the_saves_record_falls_back_to_the_save_interval(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _holding(tmp_path, [20, 30])  # written before saves.jsonl existed
+    assert main([str(run_dir), "7"]) == 2
     err = capsys.readouterr().err
-    assert f"{RunDir.of(run_dir).step_dir(99)}: no such checkpoint" in err and "holds step-3, step-6" in err
-    assert f"python -m fsdp_workflow.evaluate {run_dir} 6" in err
-    assert main([str(run_dir), "0"]) == 0  # older than a checkpoint the run holds: pruned, as far as it can tell
-    assert [r["step"] for r in _evals(run_dir)] == [0]  # the refused call appended nothing
+    assert "step 7 was never saved: this run saves by the rule checkpoint.every_steps=10" in err and \
+        "train.max_steps=30" in err and "pruned" not in err, err
+    assert main([str(run_dir), "99"]) == 2 and main([str(run_dir), "0"]) == 2
+    assert not RunDir.of(run_dir).evals_file.exists()
+    # the step of the checkpoint train_exit.json names (a preemption's save) can have been saved
+    RunDir.of(run_dir).train_exit.write_text(json.dumps(
+        {"exit_code": 75, "step": 13, "checkpoint": str(RunDir.of(run_dir).step_dir(13))}))
+    assert main([str(run_dir), "13"]) == 0 and _evals(run_dir)[-1]["status"] == "skipped"
+
+
+def test_the_trainer_records_every_step_it_saved(run: Path) -> None:
+    """The shared run saved every step (keep_last=0): saves.jsonl lists each once, in order."""
+    from fsdp_workflow.config.record import open_run as run_record
+
+    saves = run_record(run).saves
+    assert saves is not None and saves.steps == list(range(1, EMA_STEPS + 1)) and not saves.problems
 
 
 def test_a_damaged_checkpoint_fails_with_exit_1_and_says_why(run: Path) -> None:
