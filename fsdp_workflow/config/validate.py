@@ -12,7 +12,7 @@ every violation is collected before anything is reported::
 
 The rules live in ``rules_strategy`` (FSDP / DeepSpeed / optimizer / precision),
 ``rules_topology`` (world size, batch, Slurm) and ``rules_run`` (paths,
-checkpoints, consolidation, containers), ``rules_model`` (the model directory), ``rules_float8`` (train.float8) and ``rules_trackers``
+checkpoints, consolidation, containers), ``rules_eval`` (evaluations that measure nothing), ``rules_model`` (the model directory), ``rules_float8`` (train.float8) and ``rules_trackers``
 (train.report_to). No torch
 import here.
 """
@@ -24,6 +24,7 @@ from typing import List, Sequence
 from fsdp_workflow.config import (
     rules_bounds,
     rules_env,
+    rules_eval,
     rules_finite,
     rules_float8,
     rules_model,
@@ -42,6 +43,7 @@ __all__ = ["ConfigError", "Issue", "Rule", "ValidationReport", "all_rules", "val
 def all_rules() -> List[Rule]:
     """Every rule of the config stage, in the order its messages are reported."""
     return [*rules_finite.RULES, *rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
+            *rules_eval.RULES,
             *rules_model.RULES,
             *rules_env.RULES, *rules_float8.RULES, *rules_trackers.RULES]
 

@@ -380,9 +380,41 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
                  f"{meta.get('dropped_untrained', 0)} dropped as truncated to nothing trained")
         for line in describe_sources(meta):
             log.info("prepare:   %s", line)
+    warning = eval_split_warning(cfg, meta)
+    if warning:
+        log.warning("prepare: warning: %s", warning)
     prepared = Prepared(final, key, False, meta)
     write_pointer(cfg, prepared)
     return prepared
+
+
+def eval_split_warning(cfg: WorkflowConfig, meta: Dict[str, Any]) -> Optional[str]:
+    """Why the held-out split just written cannot make a real evaluation; None when it can (or none was asked).
+
+    ``data.eval_fraction`` draws documents at random, so a small corpus or fraction may hold
+    out none (every evaluation then measures nothing), or fewer packed samples than one
+    evaluation reads (``train.eval_batches`` micro-batches: the same samples are measured
+    again and again, and the eval loss rests on less text than it seems).
+    """
+    d, t = cfg.data, cfg.train
+    if not d.eval_path and d.eval_fraction <= 0:
+        return None
+    held = meta["splits"].get(SPLITS[1]) or {}
+    samples = int(held.get("samples", 0))
+    where = f"data.eval_path={d.eval_path}" if d.eval_path else f"data.eval_fraction={d.eval_fraction:g}"
+    if samples == 0:
+        trained = meta["splits"][SPLITS[0]]["documents"]
+        return (f"{where} held out no document ({trained:,} training documents), so there is nothing to evaluate "
+                "on: train.eval_every_steps and per-checkpoint evaluations measure nothing. Fix: raise "
+                "data.eval_fraction, or set data.eval_path to a file of held-out documents")
+    need = t.eval_batches * t.micro_batch_size
+    if samples < need:
+        return (f"{where} held out {samples:,} packed samples ({held.get('tokens', 0):,} tokens), fewer than one "
+                f"evaluation reads per rank (train.eval_batches={t.eval_batches} x train.micro_batch_size="
+                f"{t.micro_batch_size} = {need} samples): the same samples are measured more than once and the "
+                "eval loss rests on less text than it seems. Fix: raise data.eval_fraction (or a larger "
+                f"data.eval_path), or train.eval_batches={max(samples // t.micro_batch_size, 1)}")
+    return None
 
 
 def _refuse_shared_files(per_files: Sequence[Tuple[Source, Sequence[str]]]) -> None:

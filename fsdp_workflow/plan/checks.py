@@ -18,6 +18,7 @@ from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.config.validate import validate
 from fsdp_workflow.container.checks import check_container_steps
 from fsdp_workflow.data import checks as data_checks
+from fsdp_workflow.plan.inputs import check_eval_data
 
 
 def check(cfg: WorkflowConfig) -> ValidationReport:
@@ -31,7 +32,7 @@ def check(cfg: WorkflowConfig) -> ValidationReport:
     """
     make_paths_absolute(cfg)  # against the working directory: config.yaml means the same files from anywhere
     notes = resolve_model(cfg)
-    report = validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES])
+    report = validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES, check_eval_data])
     report.notes[:0] = notes
     report.errors.extend(path_issues(cfg))
     return report

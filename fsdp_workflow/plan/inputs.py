@@ -22,11 +22,14 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import DataSource, WorkflowConfig
 
 _EDGE_BYTES = 1 << 20  # hashed at each end of a data file
 _MAX_FILES = 10_000  # a glob over more files is recorded by its count and total size alone
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+_MAX_COMPARED = 100  # eval files whose content is compared with the training files' (by size, then edges)
+_SHOWN = 3
 
 
 def _edges_sha256(path: str, size: int) -> str:
@@ -107,6 +110,67 @@ def fingerprint_inputs(cfg: WorkflowConfig) -> Dict[str, Dict[str, Any]]:
     return {k: v for k, v in prints.items() if v}
 
 
+def _training_files(cfg: WorkflowConfig) -> Dict[str, str]:
+    """Each training file prepare reads, resolved (symlinks followed), -> the key naming it."""
+    d = cfg.data
+    keyed = ([(f"data.sources[{i}].path", s.source or d.source, s.path) for i, s in enumerate(d.sources)]
+             if d.sources else [("data.path", d.source, d.path)])
+    return {os.path.realpath(f): key for key, source, path in keyed for f in _data_files(source, path)}
+
+
+def _copies(eval_files: List[str], train: Dict[str, str]) -> List[str]:
+    """``EVAL_FILE (a copy of TRAIN_FILE, KEY)`` for eval files with a training file's size and edge hash."""
+    sizes: Dict[int, List[str]] = {}
+    for f in train:
+        try:
+            sizes.setdefault(os.stat(f).st_size, []).append(f)
+        except OSError:
+            continue
+    out: List[str] = []
+    for f in eval_files[:_MAX_COMPARED]:
+        try:
+            size = os.stat(f).st_size
+            twins = sizes.get(size, [])
+            digest = _edges_sha256(f, size) if twins else None
+            match = next((t for t in twins if _edges_sha256(t, size) == digest), None)
+        except OSError:
+            continue
+        if match is not None:
+            whole = "the same bytes" if size <= 2 * _EDGE_BYTES else "the same size, first and last MiB"
+            out.append(f"{f} (a copy of {match}, {train[match]}: {whole})")
+    return out
+
+
+def check_eval_data(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Warn when ``data.eval_path`` names training data: the same files, or copies of them.
+
+    The held-out loss then measures documents the model trains on: it falls as the model
+    memorises them and says nothing of how it does on text it has not seen. The files are
+    compared by resolved path, then, for eval files of a training file's size, by the sha256
+    over their first and last MiB that the run record keeps (:func:`fingerprint_inputs`).
+    """
+    d = cfg.data
+    if not d.eval_path or (d.source == DataSource.synthetic and not d.sources):
+        return
+    eval_files = _data_files(d.source, d.eval_path)
+    train = _training_files(cfg)
+    if not eval_files or not train:
+        return  # nothing to read here: the path rules and prepare say why
+    same = [f"{f} (read by {train[os.path.realpath(f)]} too)" for f in eval_files if os.path.realpath(f) in train]
+    copies = _copies([f for f in eval_files if os.path.realpath(f) not in train], train)
+    found = same + copies
+    if not found:
+        return
+    share = "every one of its files is" if len(found) == len(eval_files) else \
+        f"{len(found)} of its {len(eval_files)} files are"
+    shown = "; ".join(found[:_SHOWN]) + (f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else "")
+    r.warn("data.eval_path", d.eval_path,
+           f"{share} training data: {shown}. The eval loss would measure documents the model trains on: it "
+           "falls as the model memorises them and says nothing about text it has not seen",
+           "data.eval_path=FILE holding no training document, or data.eval_path=null data.eval_fraction=0.05 "
+           "(prepare holds out 5% of the training documents, never trained on)")
+
+
 def _what(old: Dict[str, Any], new: Dict[str, Any]) -> str:
     if "sha256" in old or "sha256" in new:
         return "its content changed"
@@ -143,4 +207,4 @@ def changed_inputs(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[s
     return out
 
 
-__all__ = ["changed_inputs", "fingerprint_inputs"]
+__all__ = ["changed_inputs", "check_eval_data", "fingerprint_inputs"]
