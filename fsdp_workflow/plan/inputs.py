@@ -10,6 +10,10 @@ records in ``provenance.json`` (``inputs``) a fingerprint of each input file:
   an append or an edit at either end even when a copy kept the mtime);
 - the model directory (``model.name_or_path`` when it is a local directory):
   ``config.json``'s sha256, and the size and modification time of each weight file.
+- the tokenizer (``model.tokenizer``, else the model directory it is loaded from):
+  the sha256 of each of its files but the weights, as the prepare step keys its cache
+  (a changed tokenizer changes every token id). A record written before this key was
+  recorded is not compared on it.
 
 :func:`changed_inputs` compares two records, naming what changed. Planning reads
 no more than this: a few stat calls and 2 MiB per file.
@@ -20,14 +24,19 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import DataSource, WorkflowConfig
+from fsdp_workflow.data.tokenizer import tokenizer_source  # imports transformers only to load one
 
 _EDGE_BYTES = 1 << 20  # hashed at each end of a data file
 _MAX_FILES = 10_000  # a glob over more files is recorded by its count and total size alone
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+# The tokenizer's files (model.tokenizer, else the model directory's): recorded since issue 36,
+# so a record without the key predates it and is not compared on it.
+TOKENIZER_KEY = "model.tokenizer"
+_MAX_HASHED = 64 << 20  # a tokenizer file larger than this is fingerprinted by size and mtime
 _MAX_COMPARED = 100  # eval files whose content is compared with the training files' (by size, then edges)
 _SHOWN = 3
 
@@ -88,6 +97,26 @@ def _model_prints(path: Optional[str]) -> Dict[str, Any]:
     return out
 
 
+def _tokenizer_prints(path: Optional[str], skip: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """Each tokenizer file's sha256 (every file of the directory but weights, hidden ones and ``skip``)."""
+    if not path or not os.path.isdir(os.path.expanduser(path)):
+        return {}
+    root = Path(os.path.expanduser(path)).resolve()
+    out: Dict[str, Any] = {}
+    for p in sorted(root.iterdir()):
+        if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.startswith(".") \
+                and p.name not in skip:
+            try:
+                st = p.stat()
+                if st.st_size > _MAX_HASHED:  # not a tokenizer file (an .onnx, a .gguf): its size and mtime
+                    out[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+                else:
+                    out[str(p)] = {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+            except OSError:
+                continue
+    return out
+
+
 def fingerprint_inputs(cfg: WorkflowConfig) -> Dict[str, Dict[str, Any]]:
     """The inputs' fingerprints, by config key: ``{"data.path": {FILE: {...}}, "model.name_or_path": {...}}``.
 
@@ -107,6 +136,10 @@ def fingerprint_inputs(cfg: WorkflowConfig) -> Dict[str, Dict[str, Any]]:
     if d.eval_path:
         prints["data.eval_path"] = _file_prints(_data_files(d.source, d.eval_path), True)
     prints["model.name_or_path"] = _model_prints(cfg.model.name_or_path)
+    tokenizer = tokenizer_source(cfg.model)
+    # the model directory's own config.json is recorded under model.name_or_path already
+    skip = ("config.json",) if tokenizer == cfg.model.name_or_path else ()
+    prints[TOKENIZER_KEY] = _tokenizer_prints(tokenizer, skip)
     return {k: v for k, v in prints.items() if v}
 
 
@@ -195,7 +228,7 @@ def changed_inputs(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[s
     if not isinstance(old, dict) or not old:
         return []
     out: List[str] = []
-    for key in sorted({*old, *new}):
+    for key in sorted({*old, *new} - ({TOKENIZER_KEY} - set(old))):
         was, now = old.get(key) or {}, new.get(key) or {}
         for f in sorted({*was, *now}):
             if f not in now:

@@ -122,3 +122,25 @@ def test_a_truncated_final_checkpoint_is_set_aside_and_its_steps_trained_again(t
 
     assert checkpoint_problem(run / "checkpoints" / "step-4") is None  # trained again, whole
     assert metrics_steps(run)[-2:] == [3, 4]  # the lost steps, redone once each
+
+
+def test_a_changed_tokenizer_is_named_and_an_older_record_is_not_compared_on_it(tmp_path: Path) -> None:
+    """Issue 36: model.tokenizer was no part of the fingerprint, so a finished run on another tokenizer was complete."""
+    import dataclasses
+
+    from fsdp_workflow.config import compose
+    from fsdp_workflow.plan.inputs import TOKENIZER_KEY, changed_inputs, fingerprint_inputs
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (tok / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'r'}"])
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tokenizer=str(tok)))
+    before = fingerprint_inputs(cfg)
+    assert set(before[TOKENIZER_KEY]) == {str(tok / "tokenizer.json"), str(tok / "tokenizer_config.json")}
+    (tok / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')  # same size, another vocabulary
+    assert changed_inputs(before, fingerprint_inputs(cfg)) == \
+        [f"model.tokenizer: {tok / 'tokenizer.json'}: its content changed"]
+    older = {k: v for k, v in before.items() if k != TOKENIZER_KEY}  # planned before the key was recorded
+    assert changed_inputs(older, fingerprint_inputs(cfg)) == []
