@@ -448,6 +448,9 @@ class TrainConfig:
     ema_every_steps: int = bounded(1, ge=1)  # update the EMA every N optimizer steps (after ema_start_step)
     ema_start_step: int = bounded(0, ge=0)  # up to this optimizer step the EMA equals the weights
     report_to: List[Tracker] = field(default_factory=list)  # experiment trackers (rank 0 logs metrics.jsonl there); []: none
+    # [FIRST, LAST]: torch.profiler over these optimizer steps (1-based, inclusive) into RUN_DIR/profile/
+    # (a Chrome trace and a key_averages table per rank; docs/training.md, "Profiling"); None: no profile
+    profile_steps: Optional[List[int]] = None
 
 
 @dataclass

@@ -12,8 +12,8 @@ every violation is collected before anything is reported::
 
 The rules live in ``rules_strategy`` (FSDP / DeepSpeed / optimizer / precision),
 ``rules_topology`` (world size, batch, Slurm) and ``rules_run`` (paths,
-checkpoints, consolidation, containers), ``rules_eval`` (evaluations that measure nothing), ``rules_model`` (the model directory), ``rules_float8`` (train.float8) and ``rules_trackers``
-(train.report_to). No torch
+checkpoints, consolidation, containers), ``rules_eval`` (evaluations that measure nothing), ``rules_model`` (the model directory), ``rules_float8`` (train.float8), ``rules_trackers``
+(train.report_to) and ``rules_profile`` (train.profile_steps). No torch
 import here.
 """
 
@@ -28,6 +28,7 @@ from fsdp_workflow.config import (
     rules_finite,
     rules_float8,
     rules_model,
+    rules_profile,
     rules_run,
     rules_strategy,
     rules_topology,
@@ -45,7 +46,7 @@ def all_rules() -> List[Rule]:
     return [*rules_finite.RULES, *rules_bounds.RULES, *rules_topology.RULES, *rules_strategy.RULES, *rules_run.RULES,
             *rules_eval.RULES,
             *rules_model.RULES,
-            *rules_env.RULES, *rules_float8.RULES, *rules_trackers.RULES]
+            *rules_env.RULES, *rules_float8.RULES, *rules_trackers.RULES, *rules_profile.RULES]
 
 
 def validate(cfg: WorkflowConfig, extra_rules: Sequence[Rule] = ()) -> ValidationReport:

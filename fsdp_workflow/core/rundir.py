@@ -23,6 +23,7 @@ change (``tests/test_imports.py`` fails on a path literal anywhere else)::
       evals/pending/step-N/  evals/step-N/  evals.jsonl       per-checkpoint evaluation
       data.json  data_cache/<key>/                            the tokenised, packed data (prepare step)
       metrics.jsonl  train_exit.json  .requeue  .cache/
+      profile/rankR.trace.json  profile/rankR.key_averages.txt   train.profile_steps: each rank's Chrome trace and op table
       saves.jsonl                                             one line per checkpoint the trainer committed ({"step": N})
       job_exits/<role>-<id>.json                              every job's exit record (code, cause), written by its script
       .lock                                                   one holder at a time (core/lock.py): planner, launcher, rank 0
@@ -56,6 +57,7 @@ JOBS_FILE = "jobs.txt"  # "<role> <job id>" lines appended at each submission
 CODE_DIR = "code"  # the package as submitted (cluster.code_snapshot): first on every job's PYTHONPATH
 SWEEP_FILE = "sweep.json"  # in a sweep directory: each point's overrides, run dir and job ids
 METRICS_FILE = "metrics.jsonl"
+PROFILE_DIR = "profile"  # train.profile_steps: rank<R>.trace.json and rank<R>.key_averages.txt
 TRAIN_EXIT_FILE = "train_exit.json"  # the trainer's exit code and reason (torchrun reports any failure as 1)
 EVALS_FILE = "evals.jsonl"  # one JSON line per evaluated checkpoint
 SAVES_FILE = "saves.jsonl"  # one JSON line per checkpoint the trainer committed, pruned ones included
@@ -317,6 +319,19 @@ class RunDir:
     @property
     def train_exit(self) -> Path:
         return self.root / TRAIN_EXIT_FILE
+
+    @property
+    def profile(self) -> Path:
+        """``profile/``: what ``train.profile_steps`` recorded."""
+        return self.root / PROFILE_DIR
+
+    def profile_trace(self, rank: int) -> Path:
+        """Rank ``rank``'s Chrome trace (open it in Perfetto or chrome://tracing)."""
+        return self.profile / f"rank{int(rank)}.trace.json"
+
+    def profile_table(self, rank: int) -> Path:
+        """Rank ``rank``'s ``key_averages`` table, sorted by device time."""
+        return self.profile / f"rank{int(rank)}.key_averages.txt"
 
     @property
     def saves(self) -> Path:

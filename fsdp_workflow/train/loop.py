@@ -64,6 +64,7 @@ from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sour
 from fsdp_workflow.train.mesh import MeshDims, TrainMesh
 from fsdp_workflow.train.metrics import MetricsLogger, active_parameters, flops_per_token, guess_peak_tflops
 from fsdp_workflow.train.optim import build_optimizer, build_scheduler
+from fsdp_workflow.train.profiler import StepProfiler
 from fsdp_workflow.train.runlock import hold_run_lock
 from fsdp_workflow.train.signals import PreemptionFlag
 from fsdp_workflow.train.ema import EmaState
@@ -226,6 +227,7 @@ class Session:
     beat: Heartbeat
     fault: Optional[fault_hooks.TestOnlyFault]  # None unless a reliability test injects one
     run: RunDir  # the run directory (its checkpoints, for the advice after a divergence)
+    profiler: StepProfiler  # train.profile_steps (:mod:`.profiler`; does nothing outside its window)
 
 
 @dataclass
@@ -328,7 +330,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
 
     session = Session(cfg, ranks, trainee, batches, held_src, rng, parts, checkpointer, log, flag, fpt,
                       guess_peak_tflops(ranks.device.type, cfg.train.peak_tflops), beat, fault_hooks.from_env(),
-                      run)
+                      run, StepProfiler(cfg.train.profile_steps, run, ranks.rank, ranks.device))
     try:
         outcome = train(session, resumed=resume_from is not None)
         if ranks.rank == 0:
@@ -338,6 +340,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
         trackers.finish(ranks.accelerator)
         flag.uninstall()
         checkpointer.close()  # the last post-checkpoint hook may still need its checkpoint
+        session.profiler.close()  # a run stopped inside the window writes what it recorded
     return outcome
 
 
@@ -396,7 +399,8 @@ def train(s: Session, resumed: bool) -> Outcome:
         s.beat.phase = f"step {s.rng.step + 1}"
         if s.fault is not None:
             s.fault.at_step(s.rng.step + 1, s.ranks.rank)
-        record, stop = optimizer_step(s)
+        with s.profiler.step(s.rng.step + 1):
+            record, stop = optimizer_step(s)
         step = s.rng.step
         bad = nonfinite(record)
         if bad:
