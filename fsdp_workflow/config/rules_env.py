@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 from fsdp_workflow.config.model_size import num_params
 from fsdp_workflow.config.schema import (
     ClusterKind,
+    ContextParallelImpl,
     DataSource,
     Device,
     Launcher,
@@ -52,22 +53,22 @@ def _missing(module: str) -> bool:
 def check_not_implemented(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Keys kept for the schema's shape whose non-default values are not built.
 
-    Context parallelism: torch 2.13's ``context_parallel`` has no sharding rule
-    for the CPU attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``;
-    the math kernel mixes DTensors and tensors), measured with gloo; and on GPUs it
-    shards only ``is_causal`` SDPA without a mask, while the trainer keeps packed
-    documents apart through position ids (a block-diagonal mask), so documents
-    would attend across their boundaries. Refused on every device until built.
+    ``strategy.context_parallel_impl=ring``, torch's ring-attention context parallel:
+    torch 2.13's ``context_parallel`` has no sharding rule for the CPU attention kernel
+    (``aten._scaled_dot_product_flash_attention_for_cpu``; the math kernel mixes DTensors
+    and tensors), measured with gloo; and on GPUs it shards only ``is_causal`` SDPA
+    without a mask, while the trainer keeps packed documents apart through position ids
+    (a block-diagonal mask), so documents would attend across their boundaries. Refused
+    on every device until built; ``ulysses`` (the default) is built.
     """
-    cp = cfg.strategy.context_parallel_size
-    if cp > 1:
-        why = ("torch 2.13's context parallel cannot run on CPU: no sharding rule for the CPU SDPA kernel "
+    impl = cfg.strategy.context_parallel_impl
+    if impl == ContextParallelImpl.ring:
+        why = ("torch 2.13's ring context parallel cannot run on CPU: no sharding rule for the CPU SDPA kernel "
                "(aten._scaled_dot_product_flash_attention_for_cpu)" if cfg.cluster.device == Device.cpu else
-               "not implemented: torch's context parallel shards only causal SDPA without a mask, and the "
+               "not implemented: torch's ring context parallel shards only causal SDPA without a mask, and the "
                "trainer's packed documents need their block-diagonal mask (attention would cross documents)")
-        r.error("strategy.context_parallel_size", cp, why,
-                "strategy.context_parallel_size=1 (shard long sequences' memory with "
-                "strategy.activation_checkpointing=full and strategy.tensor_parallel_size instead)")
+        r.error("strategy.context_parallel_impl", impl.value, why,
+                "strategy.context_parallel_impl=ulysses (the all-to-all sequence parallelism, built and tested)")
 
 
 def check_packages(cfg: WorkflowConfig, r: ValidationReport) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from typing import List
+from typing import List, Optional
 
 from fsdp_workflow.config.accelerate_env import is_deepspeed, is_fsdp
 from fsdp_workflow.config.schema import (
@@ -160,11 +160,11 @@ def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 f"strategy.tensor_parallel_size={math.gcd(tp, c.processes_per_node)} (a size dividing the "
                 f"{c.processes_per_node} processes per node; shard across nodes with FSDP instead)",
             )
-    if rep > 1 and tp * cp > 1 and world == rep * tp * cp:
+    if rep > 1 and tp > 1 and world == rep * tp:  # with cp FSDP2 shards over dp_shard x cp: sharded anyway
         r.error(
             "strategy.dp_replicate_size", rep,
-            f"tensor/context parallelism with replicas but no sharding (dp_shard = {world} / "
-            f"({rep} x {tp * cp}) = 1) is not built here, as in Accelerate's ParallelismConfig",
+            f"tensor parallelism with replicas but no sharding (dp_shard = {world} / "
+            f"({rep} x {tp}) = 1) is not built here, as in Accelerate's ParallelismConfig",
             "strategy.dp_replicate_size=1 (FSDP + TP), or more ranks so that dp_shard > 1 (HSDP + TP)",
         )
     if rep > 1 and world % (rep * tp * cp) == 0 and c.nodes % rep and rep % c.nodes:
@@ -174,12 +174,62 @@ def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "the sharded all-gathers cross the network anyway",
             f"strategy.dp_replicate_size={c.nodes} (replicate across nodes, shard within)",
         )
-    if cp > 1 and cfg.train.seq_len % (2 * cp):
-        r.error(
-            "train.seq_len", cfg.train.seq_len,
-            f"context parallelism splits each sequence into 2 x {cp} load-balanced chunks",
-            f"a train.seq_len divisible by {2 * cp}",
-        )
+    if cp > 1:
+        check_context_parallel(cfg, r)
+
+
+def kv_replication(num_heads: int, num_kv_heads: int, cp: int) -> Optional[int]:
+    """How many times Ulysses repeats each KV head before splitting the heads over ``cp`` ranks (1: none).
+
+    Returns:
+        ``r`` with ``num_kv_heads x r`` divisible by ``cp`` and ``r`` dividing the query heads per
+        KV head (a rank's query heads then find their KV heads on the same rank); None when no
+        such ``r`` exists or ``cp`` does not divide the query heads.
+    """
+    if min(num_heads, num_kv_heads, cp) < 1 or num_heads % cp or num_heads % num_kv_heads:
+        return None
+    r = cp // math.gcd(num_kv_heads, cp)
+    return r if (num_heads // num_kv_heads) % r == 0 else None
+
+
+def check_context_parallel(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Ulysses (``context_parallel_size > 1``): heads and positions must split over cp (docs/parallelism.md).
+
+    Each cp rank holds ``seq_len / cp`` positions outside attention and the whole sequence
+    for ``heads / (tp x cp)`` query heads inside it; KV heads split too, or are repeated
+    first when there are fewer than cp (per TP rank) of them (:func:`kv_replication`).
+    """
+    s, m, t = cfg.strategy, cfg.model, cfg.train
+    cp, tp = s.context_parallel_size, s.tensor_parallel_size
+    if t.seq_len % cp:
+        r.error("train.seq_len", t.seq_len, f"Ulysses gives each of the {cp} context-parallel ranks an equal "
+                "slice of every sequence", f"a train.seq_len divisible by {cp}")
+    heads, kv = m.num_attention_heads, m.num_key_value_heads
+    if tp > 1 and (heads % tp or kv % tp):
+        return  # reported by the tensor-parallel rule
+    local, local_kv = heads // tp, kv // tp
+    per = f" per tensor-parallel rank (tp {tp})" if tp > 1 else ""
+    if kv_replication(local, local_kv, cp) is None:
+        fits = [n for n in range(2, local + 1) if kv_replication(local, local_kv, n) is not None]
+        why = (f"{local} query heads{per} must split evenly over the {cp} context-parallel ranks"
+               if local % cp else
+               f"the {local_kv} KV heads{per} cannot serve {cp} ranks: Ulysses splits KV heads when cp divides "
+               f"them, and otherwise repeats each KV head r = cp / gcd(KV heads, cp) times, which needs r to "
+               f"divide the {local // max(local_kv, 1)} query heads per KV head")
+        r.error("strategy.context_parallel_size", cp, why,
+                f"strategy.context_parallel_size in {fits}" if fits else "strategy.context_parallel_size=1")
+    if m.attn_implementation != "sdpa":
+        r.error("model.attn_implementation", m.attn_implementation,
+                "with strategy.context_parallel_size > 1 attention runs through the Ulysses all-to-all around "
+                "PyTorch SDPA, so this attention implementation would not be used",
+                "model.attn_implementation=sdpa")
+    from fsdp_workflow.config.model_dir import effective_config
+
+    softcap = effective_config(m).get("attn_logit_softcapping")
+    if softcap is not None:
+        r.error("strategy.context_parallel_size", cp, f"the model soft-caps its attention scores "
+                f"(attn_logit_softcapping={softcap}), which SDPA, inside the Ulysses attention, cannot do",
+                "strategy.context_parallel_size=1 (strategy.activation_checkpointing=full for long sequences)")
 
 
 def check_batch(cfg: WorkflowConfig, r: ValidationReport) -> None:

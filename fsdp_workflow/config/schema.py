@@ -99,7 +99,14 @@ class ActivationCheckpointing(str, Enum):
     none = "none"  # keep every activation: fastest, most memory
     full = "full"  # recompute every decoder layer (keep only its input)
     every_n_layers = "every_n_layers"  # recompute every Nth layer (strategy.activation_checkpointing_every_n_layers)
-    ops = "ops"  # every layer, but keep the matmul and attention outputs; recompute norms, activations, rotary
+    ops = "ops"  # every layer, but keep attention and every second matmul; recompute the rest (norms, rotary...)
+
+
+class ContextParallelImpl(str, Enum):
+    """How ``strategy.context_parallel_size > 1`` splits each sequence (docs/parallelism.md)."""
+
+    ulysses = "ulysses"  # all-to-all: a slice of the positions outside attention, a slice of the heads inside
+    ring = "ring"  # torch's ring-attention context parallel: not built, refused
 
 
 class OffloadDevice(str, Enum):
@@ -348,7 +355,8 @@ class StrategyConfig:
     # FSDP2 only. See docs/parallelism.md.
     dp_replicate_size: int = bounded(1, ge=1)  # model replicas (HSDP): replicate across node groups, shard within
     tensor_parallel_size: int = bounded(1, ge=1)  # ranks splitting each layer's weights (within a node)
-    context_parallel_size: int = bounded(1, ge=1)  # ranks splitting each sequence (not built: only 1 is accepted)
+    context_parallel_size: int = bounded(1, ge=1)  # ranks splitting each sequence (seq_len / cp positions each)
+    context_parallel_impl: ContextParallelImpl = ContextParallelImpl.ulysses  # ulysses; ring is refused (not built)
 
 
 @dataclass

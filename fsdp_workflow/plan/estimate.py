@@ -26,6 +26,7 @@ from fsdp_workflow.config.schema import (
     world_size,
 )
 from fsdp_workflow.config.model_dir import effective_config, experts
+from fsdp_workflow.config.rules_topology import kv_replication
 from fsdp_workflow.config.model_size import count_params, num_params
 from fsdp_workflow.data.summary import summary_lines as data_summary_lines
 
@@ -55,11 +56,13 @@ class MemoryEstimate:
 def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     """Per-rank memory for parameters, gradients, optimizer state and activations.
 
-    Under FSDP2 a rank holds ``1 / (tp x dp_shard)`` of every weight, gradient and
-    optimizer moment (replicas, ``dp_replicate``, each hold a whole copy). A
-    decoder layer's activations split over ``tp`` (heads and MLP columns) and
-    ``cp`` (positions); the logits split over ``cp`` only, because ``lm_head``
-    is not tensor-parallel (docs/parallelism.md).
+    Under FSDP2 a rank holds ``1 / (tp x dp_shard x cp)`` of every weight, gradient and
+    optimizer moment (FSDP2 shards over ``dp_shard x cp``; replicas, ``dp_replicate``,
+    each hold a whole copy). A decoder layer's activations split over ``tp`` (heads and
+    MLP columns) and ``cp`` (positions); the logits split over ``cp`` only, because
+    ``lm_head`` is not tensor-parallel (docs/parallelism.md). With ``cp > 1`` each rank
+    also builds the whole sequence's boolean attention mask of the packed documents
+    (``seq_len^2`` bytes per sequence), whatever cp is.
     """
     p = num_params(cfg.model)
     world = max(world_size(cfg), 1)
@@ -70,7 +73,7 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     s = cfg.strategy.name
     if s == StrategyName.fsdp2:
         # fp32 sharded master params and grads; the optimizer follows the shards.
-        shards = mesh["tp"] * mesh["dp_shard"]
+        shards = mesh["tp"] * mesh["dp_shard"] * mesh["cp"]
         params, grads, opt = 4 * p / shards, 4 * p / shards, opt / shards
     elif s == StrategyName.fsdp1:
         params, grads, opt = 4 * p / world, 4 * p / world, opt / world
@@ -98,6 +101,8 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
         acts += per_layer_full
     acts /= split_layer
     acts += 2 * tokens * m.vocab_size * 4 / split_seq  # fp32 logits and their gradient
+    if split_seq > 1:  # Ulysses: the packed documents' mask over the whole sequence (train/ulysses.py)
+        acts += t.micro_batch_size * t.seq_len**2
     return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
 
 
@@ -139,8 +144,23 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         f"memory       ~{est.total_gib:.1f} GiB per {unit} (estimate): params {est.params_gib:.1f}, grads "
         f"{est.grads_gib:.1f}, optimizer {est.optimizer_gib:.1f}, activations {est.activations_gib:.1f}",
     ]
+    if cfg.strategy.context_parallel_size > 1:
+        lines.append("context      " + context_parallel_line(cfg))
     lines += data_summary_lines(cfg)  # each source's records, tokens and share (fsdp_workflow.data.summary)
     return lines
+
+
+def context_parallel_line(cfg: WorkflowConfig) -> str:
+    """What each cp rank holds under Ulysses: positions outside attention, heads inside, KV heads split or repeated."""
+    s, m, t = cfg.strategy, cfg.model, cfg.train
+    cp, tp = s.context_parallel_size, s.tensor_parallel_size
+    heads, kv = m.num_attention_heads // tp, m.num_key_value_heads // tp
+    r = kv_replication(heads, kv, cp) or 1
+    kv_words = (f"{kv * r // cp} of {kv} KV heads" if r == 1 else
+                f"{kv * r // cp} of {kv} KV heads repeated x{r} (replicated: fewer KV heads than cp)")
+    per_tp = " per tp rank" if tp > 1 else ""
+    return (f"{s.context_parallel_impl.value}, cp {cp}: {t.seq_len // cp:,} of {t.seq_len:,} positions per rank; "
+            f"inside attention the whole sequence for {heads // cp} of {heads} query heads and {kv_words}{per_tp}")
 
 
 def memory_warning(cfg: WorkflowConfig) -> str | None:

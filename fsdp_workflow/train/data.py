@@ -16,7 +16,10 @@ continues the exact sequence of global batches. Data-parallel rank ``r`` of ``W`
 takes samples ``pos + r*B ... pos + r*B + B - 1`` of each global micro-batch
 (``B`` = micro-batch). ``r`` and ``W`` count data-parallel ranks
 (:attr:`fsdp_workflow.train.mesh.TrainMesh.dp_rank`), not processes: the
-tensor-parallel peers of a rank take the very same samples.
+tensor-parallel peers of a rank take the very same samples. Context-parallel peers
+(``cp > 1``) take the same samples too, each its own contiguous slice of the
+positions (``seq_len / cp`` of them, with their position ids): see
+:meth:`RankBatches.next`.
 
 ``data.source=synthetic`` needs no cache: random ids, a pure function of the
 sample index, every token trained, positions ``0..seq_len-1``.
@@ -45,7 +48,8 @@ class Batch:
     """One rank's micro-batch: three ``[micro_batch, seq_len]`` int64 tensors.
 
     ``labels`` are aligned with ``input_ids`` (the loss shifts by one itself) and
-    hold ``-100`` where a token carries no loss; ``position_ids`` restart at 0 at
+    hold ``-100`` where a token carries no loss (one column more under cp: the next
+    slice's first label); ``position_ids`` restart at 0 at
     every packed document, which is what keeps attention inside a document.
     """
 
@@ -128,22 +132,39 @@ class RankBatches:
         rank: data-parallel rank.
         world: data-parallel world size.
         position: global samples already consumed (from the checkpoint; 0 at start).
+        seq_shard: ``(index, count)``: this rank holds slice ``index`` of ``count`` equal slices of
+            every sample's positions (the cp rank and size; ``(0, 1)``: whole samples).
     """
 
-    def __init__(self, source: SampleSource, micro_batch_size: int, rank: int, world: int, position: int = 0):
+    def __init__(self, source: SampleSource, micro_batch_size: int, rank: int, world: int, position: int = 0,
+                 seq_shard: Tuple[int, int] = (0, 1)):
         self.source = source
         self.micro_batch_size = micro_batch_size
         self.rank = rank
         self.world = world
         self.position = position
+        self.seq_shard = seq_shard
 
     def next(self) -> Batch:
-        """The next ``[micro_batch_size, seq_len]`` batch of this rank; advances the global position."""
+        """The next ``[micro_batch_size, seq_len]`` batch of this rank; advances the global position.
+
+        With ``seq_shard=(i, n)``, ``n > 1``: positions ``i*L ... (i+1)*L - 1`` (``L = seq_len / n``) of
+        the same samples, and ``L + 1`` labels: the slice's own and the next slice's first (``-100``
+        after the last slice), so that the slice's last position has its target and every target
+        of the sample is counted on exactly one rank.
+        """
         start = self.position + self.rank * self.micro_batch_size
         samples = [self.source.sample(start + j) for j in range(self.micro_batch_size)]
         self.position += self.world * self.micro_batch_size
-        return Batch(*(torch.from_numpy(np.stack([getattr(s, f) for s in samples]))
-                       for f in ("input_ids", "labels", "position_ids")))
+        ids, labels, pos = (torch.from_numpy(np.stack([getattr(s, f) for s in samples]))
+                            for f in ("input_ids", "labels", "position_ids"))
+        index, count = self.seq_shard
+        if count == 1:
+            return Batch(ids, labels, pos)
+        length = ids.size(1) // count
+        a, b = index * length, (index + 1) * length
+        labels = torch.cat([labels, labels.new_full((labels.size(0), 1), IGNORE_INDEX)], dim=1)
+        return Batch(ids[:, a:b], labels[:, a : b + 1], pos[:, a:b])
 
     def state_dict(self) -> Dict[str, int]:
         """The data position (a ``Stateful`` part); ``data_seed`` is a record, not restored."""

@@ -162,6 +162,7 @@ class Trainee:
 def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
     """Build the model under ``cfg.strategy``, its optimizer and schedule (and compile layers if asked)."""
     built: dict[str, Any] = {}
+    shards = ranks.mesh.sequence_shards()  # cp > 1: Ulysses attention over the cp group (None otherwise)
 
     def build(meta: bool) -> torch.nn.Module:
         m = model_lib.build_model(cfg.model, seed=cfg.train.seed, meta=meta)
@@ -174,8 +175,7 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
         cfg,
         build,
         lambda m: build_optimizer(m.parameters(), cfg.optimizer, ranks.device.type),
-        lambda m: install_loss_forward(m, compile_loss=cfg.train.compile,
-                                       router_loss=router_aux_coef(cfg.model.router_aux_loss_coef, m.config) > 0),
+        lambda m: install_forward(m, cfg, shards),
         mesh=ranks.mesh,
     )
     bare = getattr(prepared.model, "module", prepared.model)  # DDP and DeepSpeed wrap; FSDP2 does not
@@ -190,6 +190,15 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
     coef = router_aux_coef(cfg.model.router_aux_loss_coef, built["config"])
     return Trainee(prepared, scheduler, built["config"], built["generation_config"],
                    model_lib.tied_parameter_names(bare), coef)
+
+
+def install_forward(model: torch.nn.Module, cfg: WorkflowConfig, shards: Optional[ulysses.SequenceShards]) -> None:
+    """The loss forward (:mod:`.loss`), and with cp > 1 the Ulysses attention around it (:mod:`.ulysses`)."""
+    install_loss_forward(model, compile_loss=cfg.train.compile,
+                         router_loss=router_aux_coef(cfg.model.router_aux_loss_coef, model.config) > 0,
+                         gather=shards.gather_tokens if shards is not None else None)
+    if shards is not None:
+        ulysses.install(model, shards)
 
 
 def model_flops_per_token(trainee: Trainee, cfg: WorkflowConfig) -> tuple[int, int, float]:
@@ -282,7 +291,8 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     beat.phase = "loading data and model"
     tokenizer = load_tokenizer(cfg.model)
     train_src, held_src = open_sources(cfg, pad_token_id(tokenizer))
-    batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.mesh.dp_rank, ranks.mesh.dp_size)
+    batches = RankBatches(train_src, cfg.train.micro_batch_size, ranks.mesh.dp_rank, ranks.mesh.dp_size,
+                          seq_shard=(ranks.mesh.cp_rank, ranks.mesh.dims.cp))
     trainee = build_trainee(cfg, ranks)
     if ranks.rank == 0:
         base = cfg.model.name_or_path if cfg.model.init == ModelInit.pretrained else None
@@ -435,12 +445,12 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     """One optimizer step over ``grad_accum`` micro-batches; return its metrics and "stop (a signal)"."""
     prepared, accelerator, device = s.trainee.prepared, s.ranks.accelerator, s.ranks.device
     grad_accum, world, dp_size = s.ranks.grad_accum, s.ranks.world, s.ranks.mesh.dp_size
-    peers = s.ranks.mesh.dims.peers  # ranks holding the same batch: each counts it in a world-wide sum
+    copies = s.ranks.mesh.dims.token_copies  # ranks holding the same tokens (TP): each counts them in a world sum
     s.rng.reseed()
     t0 = time.perf_counter()
     batches = [s.batches.next() for _ in range(grad_accum)]
-    trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device)) // peers
-    scale = loss_scale(int(trained.item()), dp_size, grad_accum)
+    trained = global_sum(torch.stack([b.num_trained() for b in batches]).sum().to(device)) // copies
+    scale = loss_scale(int(trained.item()), s.ranks.mesh.dims.grad_averaged_over, grad_accum)
     coef = s.trainee.aux_coef
     sums = torch.zeros(2, device=device)  # (summed cross-entropy, summed router aux loss) of this rank
     for micro, batch in enumerate(batches):
@@ -467,7 +477,7 @@ def optimizer_step(s: Session) -> tuple[dict[str, Any], bool]:
     num_trained = int(trained.item())
     record: dict[str, Any] = {
         "step": s.rng.step,
-        "loss": stats[0].item() / peers / max(num_trained, 1),
+        "loss": stats[0].item() / copies / max(num_trained, 1),
         "lr": lr,
         "grad_norm": grad_norm,
         "tokens_per_s": tokens / dt,
@@ -503,7 +513,8 @@ def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:
     """The factor on each micro-batch's summed loss that makes the step's gradient a mean per trained token.
 
     The data-parallel reduction averages gradients over ``world`` ranks (FSDP's
-    reduce-scatter over ``dp_shard``, and the all-reduce over ``dp_replicate``;
+    reduce-scatter over ``dp_shard``, or ``dp_shard x cp`` whose CP peers each hold
+    the gradient of their slice's tokens, and the all-reduce over ``dp_replicate``;
     TP peers hold parts of one gradient and average nothing) and Accelerate (or
     DeepSpeed) divides each micro-batch's loss by ``grad_accum``; multiplying by
     both and dividing by the step's trained tokens gives the gradient of
@@ -512,7 +523,8 @@ def loss_scale(num_trained: int, world: int, grad_accum: int) -> float:
     Args:
         num_trained: trained tokens of the whole step, every data-parallel rank and micro-batch
             (each batch counted once, not once per TP peer).
-        world: data-parallel ranks (``dp_replicate x dp_shard``; the world size without TP or CP).
+        world: the ranks the gradient reduction averages over (``dp_replicate x dp_shard x cp``:
+            :attr:`.mesh.MeshDims.grad_averaged_over`; the world size without TP).
         grad_accum: micro-batches per optimizer step.
     """
     return world * grad_accum / max(num_trained, 1)
@@ -551,7 +563,8 @@ def evaluate(s: Session) -> float:
     model, cfg, device = s.trainee.prepared.model, s.cfg, s.ranks.device
     model.eval()
     # TP/CP peers evaluate the same batch: the world-wide sums count it once per peer, in both terms.
-    batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.mesh.dp_rank, s.ranks.mesh.dp_size)
+    batches = RankBatches(s.held_out, cfg.train.micro_batch_size, s.ranks.mesh.dp_rank, s.ranks.mesh.dp_size,
+                          seq_shard=(s.ranks.mesh.cp_rank, s.ranks.mesh.dims.cp))
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # (summed loss, trained tokens)
     for _ in range(max(1, cfg.train.eval_batches)):
         batch = batches.next().to(device)

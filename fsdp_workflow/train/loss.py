@@ -94,9 +94,10 @@ class RouterLoss:
     func: Callable[..., Any]
     num_experts: int
     top_k: int
+    gather: Optional[Callable[[Any], Any]] = None  # cp > 1: the whole sequence's router logits from every slice
 
     @classmethod
-    def of(cls, model: nn.Module) -> Optional["RouterLoss"]:
+    def of(cls, model: nn.Module, gather: Optional[Callable[[Any], Any]] = None) -> Optional["RouterLoss"]:
         """The model's router loss, or None when its modeling module defines none.
 
         Looked up along the class's MRO: FSDP2 swaps the class for a subclass defined
@@ -110,12 +111,15 @@ class RouterLoss:
         experts, top_k = getattr(model, "num_experts", None), getattr(model, "num_experts_per_tok", None)
         if func is None or not experts or not top_k:
             return None
-        return cls(func, int(experts), int(top_k))
+        return cls(func, int(experts), int(top_k), gather)
 
     def __call__(self, router_logits: Any) -> torch.Tensor:
         # Every position counts, padding included: transformers' own rule without an
         # attention mask, which packed batches never have. The logits go in as fp32: under
-        # bf16 the family's softmax and mean would otherwise run, and return, in bf16.
+        # bf16 the family's softmax and mean would otherwise run, and return, in bf16. Under
+        # cp each rank computes the loss of the whole sequence (it is no sum over tokens).
+        if self.gather is not None:
+            router_logits = self.gather(router_logits)
         return _router_loss_tensor(self.func(_as_fp32(router_logits), self.num_experts, self.top_k, None))
 
 
@@ -172,29 +176,42 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
     Args:
         logits: ``[batch, seq, vocab]``.
-        labels: ``[batch, seq]``, aligned with the input ids (the shift happens here).
+        labels: ``[batch, seq]``, aligned with the input ids (the shift happens here); or
+            ``[batch, seq + 1]``, a sequence slice's labels and the next slice's first (cp > 1).
 
     Returns:
         A float32 scalar; 0 (with a graph) when no target is trained.
     """
-    return _cross_entropy_sum(logits[:, :-1, :].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+    n = labels.size(1) - 1
+    return _cross_entropy_sum(logits[:, :n, :].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
 
 
-def install_loss_forward(model: nn.Module, compile_loss: bool = False, router_loss: bool = False) -> str:
+def install_loss_forward(model: nn.Module, compile_loss: bool = False, router_loss: bool = False,
+                         gather: Optional[Callable[[Any], Any]] = None) -> str:
     """Give the bare model ``forward(input_ids, labels, position_ids) -> LossSums``, by its config's route.
 
     Args:
         model: a ``*ForCausalLM`` (possibly already FSDP-wrapped: its config is read).
         compile_loss: ``torch.compile`` the chunked route's logit rule and cross-entropy.
         router_loss: also return the router's load-balancing loss (MoE, coefficient above 0).
+        gather: cp > 1 (:mod:`.ulysses`): gathers the router logits of the whole sequence, so that
+            each rank's router loss is the whole sample's, as with cp = 1.
 
     Returns:
         The route taken: ``"chunked"`` or ``"logits"``.
+
+    Raises:
+        LossConfigError: a router loss under cp > 1 on the logits route (the family's own
+            ``aux_loss`` would be its slice's).
     """
-    router = RouterLoss.of(model) if router_loss else None
+    router = RouterLoss.of(model, gather) if router_loss else None
     if model.config.model_type in CHUNKED_MODEL_TYPES and (router is not None or not router_loss):
         install_chunked_loss_forward(model, compile_loss=compile_loss, router=router)
         return "chunked"
+    if router_loss and gather is not None:
+        raise LossConfigError(f"{model.config.model_type}'s router loss is computed by its own forward, over "
+                              "one rank's slice of the sequence under strategy.context_parallel_size > 1, not over "
+                              "the sample. Fix: model.router_aux_loss_coef=0, or strategy.context_parallel_size=1")
     install_logits_loss_forward(model, router_loss=router_loss)
     return "logits"
 
@@ -242,7 +259,8 @@ def install_chunked_loss_forward(model: nn.Module, chunk_tokens: int = 8192, com
     def forward(input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor) -> LossSums:
         out = backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         hidden = out.last_hidden_state
-        hidden = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
+        # Position t predicts labels[t + 1]: labels hold one column more than a cp slice (the next one's first).
+        hidden = hidden[:, : labels.size(1) - 1, :].reshape(-1, hidden.size(-1))
         targets = labels[:, 1:].reshape(-1)
         total = hidden.new_zeros((), dtype=torch.float32)
         n = hidden.size(0)

@@ -11,7 +11,10 @@ outermost blocks of ranks, which are whole nodes when ``dp_replicate`` divides
 
 Global rank ``r = ((i_rep * S + i_shard) * C + i_cp) * T + i_tp``: the ranks
 that see the same batch (TP and CP peers) share ``r // (C * T)``, which is the
-data-parallel rank (:attr:`TrainMesh.dp_rank`).
+data-parallel rank (:attr:`TrainMesh.dp_rank`). CP peers hold different slices of
+that batch's positions (:mod:`.ulysses`) and the same weights, so FSDP2 shards over
+``dp_shard x cp`` flattened (torchtitan's ``dp_shard_cp``), and its gradient
+reduction sums their contributions.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fsdp_workflow.config.schema import MESH_DIMS, StrategyName, WorkflowConfig, describe_mesh, mesh_shape, world_size
+from fsdp_workflow.config.schema import MESH_DIMS, ContextParallelImpl, StrategyName, WorkflowConfig, describe_mesh, mesh_shape, world_size
 
 
 class StrategyError(RuntimeError):
@@ -42,20 +45,21 @@ class MeshDims:
 
         Raises:
             StrategyError: the planned mesh does not tile ``world`` (launched with another
-                number of ranks than planned), or context parallelism is asked for (not built).
+                number of ranks than planned), or context parallelism other than Ulysses (not built).
         """
         shape = mesh_shape(cfg)
         rep, cp, tp = shape["dp_replicate"], shape["cp"], shape["tp"]
-        if cp > 1:
-            raise StrategyError(f"the config asks for context parallelism (cp {cp}), which is not built; plan the "
-                                "run again without it (see docs/parallelism.md)")
+        impl = cfg.strategy.context_parallel_impl
+        if cp > 1 and impl != ContextParallelImpl.ulysses:
+            raise StrategyError(f"strategy.context_parallel_impl={impl.value} is not built; plan the run again with "
+                                "strategy.context_parallel_impl=ulysses (see docs/parallelism.md)")
         if world % (rep * cp * tp):
             raise StrategyError(
                 f"the planned mesh (dp_replicate {rep} x cp {cp} x tp {tp}) does not divide the world size "
                 f"{world}: launch as many ranks as cluster.nodes x cluster.processes_per_node planned")
         shard = world // (rep * cp * tp)
         # Plain FSDP2 shards over whatever world was launched; a planned 2-D+ mesh must be launched as planned.
-        if (rep > 1 or tp > 1) and shard != shape["dp_shard"]:
+        if (rep > 1 or cp > 1 or tp > 1) and shard != shape["dp_shard"]:
             raise StrategyError(
                 f"the run plans dp_shard {shape['dp_shard']} ({world_size(cfg)} ranks) but {world} ranks give "
                 f"dp_shard {shard}: launch as many ranks as cluster.nodes x cluster.processes_per_node planned "
@@ -73,8 +77,19 @@ class MeshDims:
 
     @property
     def peers(self) -> int:
-        """Ranks that see the same batch (``cp x tp``): each counts it once in a world-wide sum."""
+        """Ranks that see the same batch (``cp x tp``)."""
         return self.cp * self.tp
+
+    @property
+    def token_copies(self) -> int:
+        """Ranks that hold the same tokens (``tp``): each counts them once in a world-wide sum (CP peers hold
+        different slices, so their counts add up to the batch's)."""
+        return self.tp
+
+    @property
+    def grad_averaged_over(self) -> int:
+        """Ranks FSDP2's gradient reduction averages over: ``dp_replicate x dp_shard x cp``."""
+        return self.dp_replicate * self.dp_shard * self.cp
 
     @property
     def plain(self) -> bool:
@@ -111,19 +126,36 @@ class TrainMesh:
         return self.dims.dp_size
 
     @property
+    def cp_rank(self) -> int:
+        """Which slice of each sample's positions this rank holds (0 without context parallelism)."""
+        return (self.rank // self.dims.tp) % self.dims.cp
+
+    @property
     def device_mesh(self) -> Any:
         """The 4-D ``DeviceMesh`` named ``dp_replicate, dp_shard, cp, tp`` (needs a process group)."""
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
             self._mesh = init_device_mesh(self.device_type, self.dims.shape, mesh_dim_names=MESH_DIMS)
+            if self.dims.cp > 1:  # FSDP2's shard dimension (fsdp_mesh): CP peers train the same weights
+                self._mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
         return self._mesh
 
     def fsdp_mesh(self) -> Any:
-        """What FSDP2 shards over: ``dp_shard``, or ``(dp_replicate, dp_shard)`` (HSDP) with replicas."""
+        """What FSDP2 shards over: ``dp_shard`` (``dp_shard x cp`` flattened with cp), and ``dp_replicate`` before
+        it (HSDP) with replicas."""
+        shard = "dp_shard_cp" if self.dims.cp > 1 else "dp_shard"
         if self.dims.dp_replicate > 1:
-            return self.device_mesh["dp_replicate", "dp_shard"]
-        return self.device_mesh["dp_shard"]
+            return self.device_mesh["dp_replicate", shard]
+        return self.device_mesh[shard]
+
+    def sequence_shards(self) -> Any:
+        """The ``cp`` group as :class:`.ulysses.SequenceShards` (None without context parallelism)."""
+        if self.dims.cp == 1:
+            return None
+        from fsdp_workflow.train.ulysses import SequenceShards
+
+        return SequenceShards(self.device_mesh["cp"].get_group(), self.dims.cp, self.cp_rank)
 
     def tp_mesh(self) -> Any:
         return self.device_mesh["tp"]

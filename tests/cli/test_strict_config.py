@@ -71,8 +71,8 @@ NEW_INVALID: List[Tuple[List[str], str]] = [
     (["consolidate.max_shard_size=5XB"], "consolidate.max_shard_size"),
     (["consolidate.output_dir=${run_dir}/checkpoints"], "consolidate.output_dir"),
     (["consolidate.output_dir=${run_dir}"], "consolidate.output_dir"),
-    # context parallelism cannot keep packed documents apart: refused, not ignored
-    (["strategy.context_parallel_size=2"], "strategy.context_parallel_size"),
+    # ring context parallelism cannot keep packed documents apart: refused, not ignored (ulysses is built)
+    (["strategy.context_parallel_size=2", "strategy.context_parallel_impl=ring"], "strategy.context_parallel_impl"),
     # a tensor-parallel size that does not divide the world (2 processes)
     (["strategy.tensor_parallel_size=3"], "strategy.tensor_parallel_size"),
     # launchers that cannot honour the run

@@ -212,15 +212,17 @@ def test_plain_fsdp2_writes_no_mesh(clean_accelerate_env):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_context_parallel_is_refused_with_the_reason(device):
+def test_ring_context_parallel_is_refused_with_the_reason(device):
     cfg = base("fsdp2")
     cfg.cluster.device = cfg.cluster.device.__class__(device)
     cfg.cluster.processes_per_node = 4
     cfg.strategy.context_parallel_size = 2
-    errors = [i for i in validate(cfg).errors if i.key == "strategy.context_parallel_size"]
+    assert validate(cfg).errors == []  # ulysses, the default, is built
+    cfg.strategy.context_parallel_impl = cfg.strategy.context_parallel_impl.__class__("ring")
+    errors = [i for i in validate(cfg).errors if i.key == "strategy.context_parallel_impl"]
     assert len(errors) == 1, validate(cfg).errors
     expected = "cannot run on CPU" if device == "cpu" else "not implemented"
-    assert expected in errors[0].why and "strategy.context_parallel_size=1" in errors[0].fix
+    assert expected in errors[0].why and "strategy.context_parallel_impl=ulysses" in errors[0].fix
     assert not any(k.startswith("PARALLELISM_CONFIG") for k in accelerate_env(cfg))
 
 

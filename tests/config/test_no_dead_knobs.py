@@ -21,10 +21,7 @@ from fsdp_workflow.config.schema import BOUNDS_KEY, WorkflowConfig
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fsdp_workflow"
 
-READ_ONLY_BY_VALIDATION = {
-    "strategy.context_parallel_size": "values above 1 are refused (context parallelism is not built: "
-                                      "docs/parallelism.md); 1 is what runs",
-}
+READ_ONLY_BY_VALIDATION: dict[str, str] = {}
 
 
 def leaves(cls=WorkflowConfig, prefix: str = "") -> Iterator[str]:
