@@ -10,18 +10,31 @@ its all-gather serves forward, recompute and backward alike):
   its "selective layer" option) with N = ``strategy.activation_checkpointing_every_n_layers``;
   the other layers keep their activations. Memory and recompute both scale by 1/N.
 * ``ops``: every layer is wrapped, but a selective-checkpoint policy
-  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) keeps the
-  outputs of the expensive ops, the matmuls and attention (and a reduce-scatter,
-  should one run inside a layer), and recomputes only the cheap ones: norms,
-  activation functions, rotary embeddings, elementwise arithmetic. This is the
-  idea of torchtitan's op-level selective AC; torchtitan additionally recomputes
-  every other matmul to save more memory, while this policy saves all of them, so
-  backward never runs a forward matmul again.
+  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) decides op by
+  op. Attention outputs (the fused SDPA kernels), a reduce-scatter should one run
+  inside a layer, and ``max`` (float8's scales) are kept; of the matmuls, every
+  second one of a layer's forward is kept (the 2nd, 4th, ...) and the others run
+  again in backward, as do the cheap ops (norms, activation functions, rotary,
+  elementwise). In a Llama layer that keeps k, o and up (5.25 h x 2 bytes per
+  token) and recomputes q, v and gate: about a third of the layer's forward
+  matmul FLOPs, against all of its forward, attention included, for ``full``.
+  This is the trade torchtitan's op-level policy makes; it counts from the first
+  matmul, we keep the even ones, because the last matmul of a Llama layer
+  (down_proj, the 7th) has an output backward never reads, and in eager a kept
+  output is held whether or not backward reads it.
+
+Under ``train.compile`` the policy must see the layer's ops as AOTAutograd traces
+them: :func:`compile_units` compiles the checkpoint wrapper, not the layer inside
+it, so the checkpoint is a region of the compiled graph and the partitioner saves
+and recomputes as the policy tags. A layer compiled inside an eager checkpoint is
+opaque to the policy (it sees inductor's ``aten.mm.out`` calls, no ``aten.mm``),
+so every matmul of it ran again in backward: ``ops`` cost ``full``'s time and more
+(38,191 against 38,825 tokens/s on one H100, docs/training.md).
 
 Recomputation runs the same kernels on the same inputs, so every mode gives the
 losses and gradients of ``none`` (tests/train/test_activation_checkpointing.py
-checks that on 2 gloo ranks with FSDP2, and that ``ops`` runs no forward matmul
-in backward). The mode is read from the typed config, never from the environment.
+checks that on 2 gloo ranks with FSDP2; tests/train/test_ac_policy.py counts
+which forward ops each mode runs again in backward, eager and compiled). The mode is read from the typed config, never from the environment.
 """
 
 from __future__ import annotations
@@ -46,33 +59,57 @@ def _ops(names: Iterable[str]) -> frozenset:
     return frozenset(found)
 
 
-# Outputs the ``ops`` mode keeps: the FLOP-heavy ops of a decoder layer. Linear layers
-# reach aten as mm (3-D inputs are folded to 2-D) or addmm (with a bias); attention as
-# one of the fused SDPA kernels, or as bmm when SDPA falls back to its math path.
-SAVED_OPS = _ops([
+# The linear layers' matmuls: aten mm (3-D inputs are folded to 2-D), addmm (with a
+# bias), _scaled_mm (train.float8), or linear where a backend keeps it whole. The
+# ``ops`` mode keeps every second one of them.
+MATMUL_OPS = _ops([
     "aten.mm.default",
     "aten.addmm.default",
+    "aten._scaled_mm.default",
+    "aten.linear.default",
+])
+
+# Outputs the ``ops`` mode always keeps: attention (the fused SDPA kernels, or bmm when
+# SDPA falls back to its math path), a reduce-scatter, and max, the absolute maximum
+# float8 scales by (a scalar: keeping it costs nothing and the recompute casts alike).
+ALWAYS_SAVED_OPS = _ops([
     "aten.bmm.default",
-    "aten._scaled_mm.default",  # train.float8's matmuls
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_cudnn_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten.max.default",
     "_c10d_functional.reduce_scatter_tensor.default",
 ])
 
 
-def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    """The ``ops`` policy: keep what :data:`SAVED_OPS` computes, recompute everything else."""
-    from torch.utils.checkpoint import CheckpointPolicy
+class _EverySecondMatmul:
+    """The ``ops`` policy of one checkpointed call of a layer (a fresh one per call).
 
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    Matmuls are counted in the order forward runs them and the 2nd, 4th, ... are kept.
+    torch 2.13 asks the policy in forward only; earlier releases ask again while
+    recomputing (``ctx.is_recompute``), so each pass counts on its own.
+    """
+
+    def __init__(self) -> None:
+        self.matmuls = {False: 0, True: 0}
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if op in MATMUL_OPS:
+            self.matmuls[ctx.is_recompute] += 1
+            keep = self.matmuls[ctx.is_recompute] % 2 == 0
+        else:
+            keep = op in ALWAYS_SAVED_OPS
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _ops_context() -> Any:
+    """The ``context_fn`` of ``ops`` (a module-level function: torch.compile takes it as a constant)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(_keep_expensive)
+    return create_selective_checkpoint_contexts(_EverySecondMatmul())
 
 
 def layers_to_wrap(num_layers: int, mode: ActivationCheckpointing, every_n_layers: int) -> List[int]:
@@ -124,3 +161,30 @@ def apply_activation_checkpointing(model: nn.Module, layer_classes: Sequence[typ
         wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=_ops_context)
     wrap_modules(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in ids)
     return chosen
+
+
+def compile_units(model: nn.Module, layer_classes: Sequence[type]) -> List[nn.Module]:
+    """The modules whose ``forward`` ``train.compile`` compiles: each decoder layer, or its checkpoint wrapper.
+
+    A checkpointed layer is compiled with its wrapper, so the checkpoint (and the
+    ``ops`` policy) is inside the graph; see the module docstring for why. FSDP's
+    hooks run in ``Module.__call__`` and stay outside either way.
+
+    Args:
+        model: the wrapped model (FSDP2 units may be the wrappers).
+        layer_classes: the decoder layer classes.
+
+    Returns:
+        One module per decoder layer, in forward order.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    units: List[nn.Module] = []
+    inside = set()
+    for m in model.modules():  # a wrapper comes before the layer it holds
+        if isinstance(m, CheckpointWrapper) and isinstance(m._checkpoint_wrapped_module, tuple(layer_classes)):
+            units.append(m)
+            inside.add(id(m._checkpoint_wrapped_module))
+        elif isinstance(m, tuple(layer_classes)) and id(m) not in inside:
+            units.append(m)
+    return units

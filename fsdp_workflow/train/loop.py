@@ -53,6 +53,7 @@ from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
+from fsdp_workflow.train.activation_checkpointing import compile_units
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
@@ -136,15 +137,14 @@ class Ranks:
 
 
 def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
-    """``torch.compile`` each decoder layer's forward in place.
+    """``torch.compile`` each decoder layer's forward in place (a checkpointed layer's with its wrapper).
 
     FSDP's hooks stay outside the compiled regions (they run in ``Module.__call__``)
     and parameter names, hence checkpoint keys, do not change.
     """
     layer_classes = model_lib.decoder_layer_classes(getattr(model, "module", model), layer_names)
-    for m in model.modules():
-        if isinstance(m, layer_classes):
-            m.forward = torch.compile(m.forward)  # type: ignore[method-assign]
+    for m in compile_units(model, layer_classes):
+        m.forward = torch.compile(m.forward)  # type: ignore[method-assign]
 
 
 @dataclass
