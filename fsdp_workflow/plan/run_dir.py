@@ -21,6 +21,7 @@ A run directory is never reused by accident:
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -52,6 +53,8 @@ from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import render_all, render_launch_env
 from fsdp_workflow.plan.snapshot import write_snapshot
 from fsdp_workflow.plan.spec import build_plan
+
+log = logging.getLogger(__name__)
 
 
 def git_revision() -> str:
@@ -210,9 +213,19 @@ def check_inputs_unchanged(cfg: WorkflowConfig, inputs: Dict[str, Any], command:
     last = found[-1][0] if found else None
     finished = (last is not None and last >= cfg.train.max_steps) or \
         (last is None and cfg.consolidate.enabled and layout.hf_model.is_dir())
+    changed = changed_inputs((open_run(layout.root).provenance or {}).get("inputs"), inputs) if last is not None \
+        or finished else []
     if not finished:
+        if changed and (cfg.checkpoint.resume or "").strip().lower() == "auto":
+            shown = "; ".join(changed[:_DIFFS_SHOWN]) + (f" (and {len(changed) - _DIFFS_SHOWN} more)"
+                                                         if len(changed) > _DIFFS_SHOWN else "")
+            log.warning("fsdp_workflow: warning: %s", Issue(
+                "checkpoint.resume", cfg.checkpoint.resume,
+                f"continues the run in {layout.root} from its step {last} on other inputs than it trained on so "
+                f"far: {shown}. The data position and the schedule carry on from that step over the new data",
+                f"to train on the new inputs from the start, a new run_dir=DIR (e.g. run_dir={layout.root}-2); "
+                "to continue onto them on purpose, nothing").format())
         return
-    changed = changed_inputs((open_run(layout.root).provenance or {}).get("inputs"), inputs)
     if not changed:
         return
     key, value = changed[0].split(": ")[:2]  # the first changed key and file

@@ -144,3 +144,18 @@ def test_a_changed_tokenizer_is_named_and_an_older_record_is_not_compared_on_it(
         [f"model.tokenizer: {tok / 'tokenizer.json'}: its content changed"]
     older = {k: v for k, v in before.items() if k != TOKENIZER_KEY}  # planned before the key was recorded
     assert changed_inputs(older, fingerprint_inputs(cfg)) == []
+
+
+def test_resume_auto_onto_changed_data_is_warned(tmp_path: Path) -> None:
+    """Issue 36: the same command after the data changed under an unfinished run resumed onto it without a word."""
+    run, data, args = finished_run(tmp_path)
+    shutil.rmtree(run / "checkpoints" / "step-4")  # stopped at step 2 of 4: not finished
+    shutil.rmtree(run / "hf_model")
+    with open(data, "a") as fh:
+        fh.write("A paragraph appended while the run was stopped.\n")
+    again = cli(*args, "dry_run=true")
+    assert again.returncode == 0, again.stderr
+    err = again.stderr
+    assert err.count("warning: checkpoint.resume = 'auto'") == 1, err
+    assert f"from its step 2 on other inputs than it trained on so far: data.path: {data}:" in err, err
+    assert f"run_dir={run}-2" in err
