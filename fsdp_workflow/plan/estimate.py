@@ -1,15 +1,17 @@
 """Batch arithmetic and a per-GPU memory estimate, from the config alone.
 
 The estimate is deliberately simple (parameter count from the shape fields,
-bytes per parameter by sharding scheme, a Korthikanti-style activation term)
-so that a planner on a login node can say "this will not fit" before hours in
-the queue. It is an estimate: the summary says so.
+bytes per parameter by sharding scheme, activations per token and layer) so that
+a planner on a login node can say "this will not fit" before hours in the queue.
+It is an estimate: the summary says so. It is held against measured peaks
+(``max_memory_allocated``) by tests/plan/test_memory_estimate.py: within -5% ..
++10% of each run of tests/plan/fixtures/measured_peaks.csv.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Any, Dict, List
 
 from fsdp_workflow.config.schema import (
     ActivationCheckpointing,
@@ -41,16 +43,39 @@ def _optimizer_bytes(name: OptimizerName) -> float:
     return 8.0  # two fp32 moments
 
 
+# The chunk of positions train/loss.py's chunked loss runs lm_head and the cross-entropy over
+# (install_chunked_loss_forward's chunk_tokens; tests/plan/test_memory_estimate.py holds them equal).
+LOSS_CHUNK_TOKENS = 8192
+
+# Saved activations of one decoder layer per token, in units of hidden_size values of the compute
+# dtype. Calibrated on the runs of tests/plan/fixtures/measured_peaks.csv (one H100, Llama-3.2-1B's
+# shape); an element count of a Llama layer gives about 17 compiled (input, q/k/v after rotary,
+# attention output, residual, gate, up and their product, inductor recomputing the norms) and about
+# 30 eager (rotary and RMSNorm's fp32 intermediates, the SiLU output besides).
+LAYER_ACTS_COMPILED = 16.0
+LAYER_ACTS_EAGER = 24.0
+# float8 (train.float8) saves the inputs of a layer's linears as float8, one byte instead of two: the
+# two norm outputs, the attention output and the MLP's product, 7 units of which half is saved.
+FLOAT8_SAVING = 3.5
+
+
 @dataclass
 class MemoryEstimate:
+    """Per-rank GiB. The peak comes in backward: the gradients grow as the activations are freed, so
+    the total holds the larger of the two sides, not their sum."""
+
     params_gib: float
     grads_gib: float
     optimizer_gib: float
-    activations_gib: float
+    activations_gib: float  # the decoder layers' saved activations at the start of backward
+    logits_gib: float = 0.0  # the loss's logits (one chunk) and their gradient
+    gathered_gib: float = 0.0  # FSDP's all-gathered compute-dtype weights: the root's, and two layers'
+    head_grads_gib: float = 0.0  # lm_head's gradient, there as backward starts
 
     @property
     def total_gib(self) -> float:
-        return self.params_gib + self.grads_gib + self.optimizer_gib + self.activations_gib
+        start_of_backward = self.head_grads_gib + self.activations_gib + self.logits_gib
+        return self.params_gib + self.optimizer_gib + self.gathered_gib + max(self.grads_gib, start_of_backward)
 
 
 def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
@@ -86,24 +111,52 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     else:  # ddp: everything replicated
         params, grads = 4 * p, 4 * p
     m, t = cfg.model, cfg.train
-    tokens = t.micro_batch_size * t.seq_len
-    ac, layers = cfg.strategy.activation_checkpointing, m.num_hidden_layers
-    if m.gradient_checkpointing or ac == ActivationCheckpointing.full:
-        recomputed = layers
-    elif ac == ActivationCheckpointing.every_n_layers:
-        recomputed = layers // cfg.strategy.activation_checkpointing_every_n_layers
-    else:  # none, and ops: it keeps the matmul outputs, most of a layer's activations
-        recomputed = 0
-    per_layer_full = 34 * tokens * m.hidden_size * low / 2  # bytes, sdpa (no s^2 term)
-    # A recomputed layer keeps its input; one of them is alive in full while backward runs it again.
-    acts = recomputed * tokens * m.hidden_size * low + (layers - recomputed) * per_layer_full
-    if recomputed:
-        acts += per_layer_full
-    acts /= split_layer
-    acts += 2 * tokens * m.vocab_size * 4 / split_seq  # fp32 logits and their gradient
+    hf = effective_config(m)
+    hidden, vocab = int(hf.get("hidden_size") or m.hidden_size), int(hf.get("vocab_size") or m.vocab_size)
+    layers = int(hf.get("num_hidden_layers") or m.num_hidden_layers)
+    root = vocab * hidden * (1 if hf.get("tie_word_embeddings", m.tie_word_embeddings) else 2)
+    gathered = 0.0
+    if s in (StrategyName.fsdp1, StrategyName.fsdp2):
+        # The root unit (embeddings, lm_head) stays gathered through forward and backward; a layer is
+        # gathered while the one before it runs (prefetch). Compute dtype, whole (the root not over tp).
+        gathered = low * (root + 2 * max(p - root, 0) / max(layers, 1) / mesh["tp"])
+    acts = layer_activations(cfg, hf, layers) * t.micro_batch_size * t.seq_len * hidden * low / split_layer
     if split_seq > 1:  # Ulysses: the packed documents' mask over the whole sequence (train/ulysses.py)
         acts += t.micro_batch_size * t.seq_len**2
-    return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB)
+    # The loss runs lm_head and the cross-entropy over chunks of positions. Compiled, a chunk's logits
+    # and their gradient are alive in the compute dtype; eager, three fp32 copies (the upcast logits'
+    # log-softmax, its gradient, and the gradient of the upcast).
+    chunk = min(t.micro_batch_size * (t.seq_len - 1) // split_seq, LOSS_CHUNK_TOKENS)
+    logits = chunk * vocab * (2 * low if t.compile else 12)
+    head = vocab * hidden  # lm_head's gradient is the first backward makes, before any layer frees its activations
+    return MemoryEstimate(params / GIB, grads / GIB, opt / GIB, acts / GIB, logits / GIB, gathered / GIB,
+                          grads * head / max(p, 1) / GIB)
+
+
+def layer_activations(cfg: WorkflowConfig, hf: Dict[str, Any], layers: int) -> float:
+    """All decoder layers' saved activations at the start of backward, in hidden-size values per token.
+
+    A recomputed layer keeps its input (1), and while backward runs it again one layer holds all of
+    its activations. ``ops`` keeps, besides the input, every second matmul's output (k, o and up in a
+    Llama layer) and the attention output (train/activation_checkpointing.py).
+    """
+    m, st = cfg.model, cfg.strategy
+    full = LAYER_ACTS_COMPILED if cfg.train.compile else LAYER_ACTS_EAGER
+    if cfg.train.float8:
+        full -= FLOAT8_SAVING
+    ac = st.activation_checkpointing
+    if m.gradient_checkpointing or ac == ActivationCheckpointing.full:
+        return layers * 1.0 + full
+    if ac == ActivationCheckpointing.every_n_layers:
+        recomputed = layers // st.activation_checkpointing_every_n_layers
+        return recomputed * 1.0 + (layers - recomputed) * full + full
+    if ac == ActivationCheckpointing.ops:
+        hidden = float(hf.get("hidden_size") or m.hidden_size)
+        heads = float(hf.get("num_attention_heads") or m.num_attention_heads)
+        kv = float(hf.get("num_key_value_heads") or heads)
+        kept = 1.0 + kv / heads + 1.0 + float(hf.get("intermediate_size") or m.intermediate_size) / hidden + 1.0
+        return layers * kept + (full - kept)
+    return layers * full
 
 
 def _count(n: int) -> str:
@@ -141,8 +194,10 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         f"global batch {global_batch} sequences = micro {t.micro_batch_size} x accum {t.grad_accum_steps} x dp {dp}",
         f"tokens/step  {global_batch * t.seq_len:,} (seq_len {t.seq_len}); {t.max_steps} steps "
         f"= {global_batch * t.seq_len * t.max_steps / 1e9:.3g} B tokens",
-        f"memory       ~{est.total_gib:.1f} GiB per {unit} (estimate): params {est.params_gib:.1f}, grads "
-        f"{est.grads_gib:.1f}, optimizer {est.optimizer_gib:.1f}, activations {est.activations_gib:.1f}",
+        f"memory       ~{est.total_gib:.1f} GiB per {unit} (estimate): params {est.params_gib:.1f}, optimizer "
+        f"{est.optimizer_gib:.1f}, gathered weights {est.gathered_gib:.1f}, and the larger of grads "
+        f"{est.grads_gib:.1f} and activations {est.activations_gib:.1f} + logits {est.logits_gib:.1f} "
+        f"+ lm_head grad {est.head_grads_gib:.1f}",
     ]
     if cfg.strategy.context_parallel_size > 1:
         lines.append("context      " + context_parallel_line(cfg))
