@@ -183,8 +183,9 @@ def kv_replication(num_heads: int, num_kv_heads: int, cp: int) -> Optional[int]:
 
     Returns:
         ``r`` with ``num_kv_heads x r`` divisible by ``cp`` and ``r`` dividing the query heads per
-        KV head (a rank's query heads then find their KV heads on the same rank); None when no
-        such ``r`` exists or ``cp`` does not divide the query heads.
+        KV head (a rank's query heads then find their KV heads on the same rank); None when
+        ``cp`` does not divide the query heads (when it does, such an ``r`` always exists:
+        ``cp | kv x g`` gives ``cp / gcd(kv, cp) | g``).
     """
     if min(num_heads, num_kv_heads, cp) < 1 or num_heads % cp or num_heads % num_kv_heads:
         return None
@@ -211,12 +212,9 @@ def check_context_parallel(cfg: WorkflowConfig, r: ValidationReport) -> None:
     per = f" per tensor-parallel rank (tp {tp})" if tp > 1 else ""
     if kv_replication(local, local_kv, cp) is None:
         fits = [n for n in range(2, local + 1) if kv_replication(local, local_kv, n) is not None]
-        why = (f"{local} query heads{per} must split evenly over the {cp} context-parallel ranks"
-               if local % cp else
-               f"the {local_kv} KV heads{per} cannot serve {cp} ranks: Ulysses splits KV heads when cp divides "
-               f"them, and otherwise repeats each KV head r = cp / gcd(KV heads, cp) times, which needs r to "
-               f"divide the {local // max(local_kv, 1)} query heads per KV head")
-        r.error("strategy.context_parallel_size", cp, why,
+        r.error("strategy.context_parallel_size", cp,
+                f"the {local} query heads{per} must split evenly over the {cp} context-parallel ranks (the "
+                f"{local_kv} KV heads{per} are split too, or repeated cp / gcd(KV heads, cp) times when fewer)",
                 f"strategy.context_parallel_size in {fits}" if fits else "strategy.context_parallel_size=1")
     if m.attn_implementation != "sdpa":
         r.error("model.attn_implementation", m.attn_implementation,

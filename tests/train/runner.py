@@ -45,13 +45,22 @@ def make_run_dir(run_dir: Path, overrides: Sequence[str] = (), prepare_data: boo
     from fsdp_workflow.data.prepare import prepare
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = write_config(run_dir, overrides)
+    if prepare_data:
+        prepare(cfg, num_workers=1, progress=False)
+    return run_dir
+
+
+def write_config(run_dir: Path, overrides: Sequence[str] = ()) -> WorkflowConfig:
+    """(Re)write ``run_dir``'s ``config.yaml`` and ``launch.env`` from :data:`FAST` and ``overrides``.
+
+    A copied run given another config this way resumes its checkpoints under the new one.
+    """
     cfg = compose([*FAST, *overrides, f"run_dir={run_dir}"])
     layout = RunDir.of(run_dir)
     layout.config.write_text(to_yaml(cfg))
     layout.launch_env.write_text(render_launch_env(accelerate_env(cfg)))
-    if prepare_data:
-        prepare(cfg, num_workers=1, progress=False)
-    return run_dir
+    return cfg
 
 
 def free_port() -> int:
