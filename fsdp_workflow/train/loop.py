@@ -55,7 +55,7 @@ from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel
 from fsdp_workflow.train.activation_checkpointing import compile_units
 from fsdp_workflow.train.assets import save_hf_assets
-from fsdp_workflow.train import fault_hooks, float8, trackers
+from fsdp_workflow.train import fault_hooks, float8, trackers, ulysses
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import after_divergence, collective_timeout, peer_timeout_reported
