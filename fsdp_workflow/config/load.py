@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from fsdp_workflow.config.schema import WorkflowConfig, field_hints, register_configs
+from fsdp_workflow.config.schema import RENAMED_VALUES, WorkflowConfig, field_hints, register_configs
 from fsdp_workflow.core.rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ def to_typed(cfg: DictConfig) -> WorkflowConfig:
     unknown = composed_key_issues(cfg)
     if unknown:  # to_object would drop them without a word
         raise ConfigError(unknown)
+    refused = _type_renamed_keys(cfg)
+    if refused:
+        raise ConfigError(refused)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, WorkflowConfig):  # composed without the schema: merge it in
         merged = OmegaConf.merge(OmegaConf.structured(WorkflowConfig), cfg)
@@ -93,7 +96,51 @@ def to_typed_collecting(cfg: DictConfig) -> Tuple[WorkflowConfig, List["Issue"]]
                 node = OmegaConf.select(cfg, parent) if parent else cfg
                 if isinstance(node, DictConfig) and leaf in node:
                     del node[leaf]
-    return to_typed(cfg), unknown
+    refused = _type_renamed_keys(cfg, keep_going=True)
+    return to_typed(cfg), [*unknown, *refused]
+
+
+def _type_renamed_keys(cfg: DictConfig, keep_going: bool = False) -> List["Issue"]:
+    """Type each key composition left untyped (schema.RENAMED_VALUES) as its Enum, in place.
+
+    An earlier version's value is spelled as this version reads it (``false`` is ``none``), as
+    the command line's is (:func:`_renamed_value`). A value outside the choices is an issue
+    naming the key, the value and the choices; with ``keep_going`` the key takes its default,
+    so every other rule still runs and the user sees every problem at once.
+
+    Returns:
+        One issue per value outside its Enum's choices.
+    """
+    import difflib
+
+    from omegaconf import flag_override
+    from omegaconf.errors import ValidationError
+    from omegaconf.nodes import AnyNode, EnumNode
+
+    from fsdp_workflow.config.errors import Issue
+
+    issues: List[Issue] = []
+    for (group, key), mapping in _RENAMED_VALUES.items():
+        section = cfg.get(group) if isinstance(cfg, DictConfig) else None
+        if not isinstance(section, DictConfig) or not isinstance(section._get_node(key), AnyNode):
+            continue  # typed already (a config.yaml merged onto the schema) or not composed here
+        cls = field_hints(WorkflowConfig)[group]
+        choices = field_hints(cls)[key]
+        value = section[key]
+        value = mapping[value] if isinstance(value, bool) else value
+        try:
+            node = EnumNode(enum_type=choices, value=value)
+        except ValidationError:
+            names = list(choices.__members__)
+            close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.5)
+            fix = f"{group}.{key}={close[0]} (the closest)" if close else f"{group}.{key}={names[0]} (or another of these)"
+            issues.append(Issue(f"{group}.{key}", value, f"not one of {', '.join(names)}", fix))
+            if not keep_going:
+                continue
+            node = EnumNode(enum_type=choices, value=next(f.default for f in dataclasses.fields(cls) if f.name == key))
+        with flag_override(section, "readonly", False):
+            section[key] = node  # a typed node replaces the untyped one
+    return issues
 
 
 def to_yaml(cfg: WorkflowConfig) -> str:
@@ -141,9 +188,10 @@ def load_run_config(path: str | Path) -> WorkflowConfig:
     return to_typed(OmegaConf.merge(schema, _upgrade(OmegaConf.load(path))))
 
 
-# Values earlier versions wrote to config.yaml, and what they mean now: a run planned before
-# selective checkpointing (a bool) still loads for status, replan, evaluate and resume.
-_RENAMED_VALUES = {("strategy", "activation_checkpointing"): {True: "full", False: "none"}}
+# Values earlier versions took, and what they mean now (schema.RENAMED_VALUES): a run planned before
+# selective checkpointing (a bool) still loads for status, replan, evaluate and resume, and an
+# experiment file holding the bool composes as the command line does.
+_RENAMED_VALUES = RENAMED_VALUES
 
 
 def _renamed_value(override: str) -> str:

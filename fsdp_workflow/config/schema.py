@@ -446,7 +446,9 @@ class TrainConfig:
     log_every_steps: int = bounded(10, ge=1)
     eval_every_steps: int = bounded(0, ge=0)  # 0: no in-loop evaluation
     eval_batches: int = bounded(8, ge=1)
-    compile: bool = False  # torch.compile the model after wrapping
+    # torch.compile each decoder layer after wrapping. None: settled at planning (config/device_defaults.py):
+    # on for FSDP2 on CUDA without tp/cp (the measured fast path), off elsewhere; config.yaml records the answer.
+    compile: Optional[bool] = None
     # float8 matmuls in the large nn.Linear layers through torchao (`pip install 'fsdp_workflow[float8]'`);
     # CUDA with compute capability >= 8.9 (H100, H200, L40S...); lm_head and small layers stay in bf16.
     float8: bool = False
@@ -551,15 +553,40 @@ def describe_mesh(strategy: StrategyName, shape: Dict[str, int]) -> str:
     return f"none ({strategy.value}): {math.prod(shape.values())} data-parallel rank(s); {held}"
 
 
+# Values earlier versions took for a key that is now a choice, and what they mean now: the boolean
+# activation_checkpointing was before selective checkpointing. Composition lets any value through
+# these keys (an Enum node refuses a bool while Hydra merges a YAML file, before our code runs);
+# config.load spells the old value as this version does and types the key as its Enum again.
+RENAMED_VALUES: Dict[tuple, Dict[Any, str]] = {("strategy", "activation_checkpointing"): {True: "full", False: "none"}}
+
+
+def _composition_schema(cls: type, group: str) -> Any:
+    """``cls`` as Hydra composes it: its structured config, with the renamed keys of ``group`` untyped."""
+    from omegaconf import OmegaConf, flag_override
+
+    node = OmegaConf.structured(cls)
+    for section, key in RENAMED_VALUES:
+        if section == group:
+            default = node[key]
+            with flag_override(node, "struct", False):  # a structured config allows no deletion otherwise
+                del node[key]
+                node[key] = default.name  # an AnyNode: config.load.to_typed checks and types it
+    return node
+
+
 def register_configs() -> None:
     """Register the schema in Hydra's ConfigStore (YAML files name these in their defaults)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
-    cs.store(name="workflow_schema", node=WorkflowConfig)
+    root = OmegaConf.structured(WorkflowConfig)
+    # Given in the root too: Hydra fills a missing group from the field's type, which would type the key again.
+    root.strategy = _composition_schema(StrategyConfig, "strategy")
+    cs.store(name="workflow_schema", node=root)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="strategy", name="strategy_schema", node=StrategyConfig)
+    cs.store(group="strategy", name="strategy_schema", node=_composition_schema(StrategyConfig, "strategy"))
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="container", name="container_schema", node=ContainerConfig)
