@@ -12,6 +12,7 @@ that is about to write or submit (the CLI, each point of a sweep) asks it::
 from __future__ import annotations
 
 from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.device_defaults import settle_compile
 from fsdp_workflow.config.model_dir import resolve_model
 from fsdp_workflow.config.path_keys import make_paths_absolute, path_issues
 from fsdp_workflow.config.schema import WorkflowConfig
@@ -27,11 +28,12 @@ def check(cfg: WorkflowConfig) -> ValidationReport:
     First every path key is made absolute (:mod:`fsdp_workflow.config.path_keys`, whose
     refusals of paths that cannot work join the report), and ``cfg.model`` is made to describe the model that will train (its directory's
     ``config.json``: :func:`fsdp_workflow.config.model_dir.resolve_model`); what that
-    replaced comes back as the report's notes. ``cfg`` is changed in place, so what
+    replaced comes back as the report's notes, as does ``train.compile``'s default
+(:func:`fsdp_workflow.config.device_defaults.settle_compile`). ``cfg`` is changed in place, so what
     is written and run is what was checked.
     """
     make_paths_absolute(cfg)  # against the working directory: config.yaml means the same files from anywhere
-    notes = resolve_model(cfg)
+    notes = resolve_model(cfg) + settle_compile(cfg)  # what the run will do, before the rules judge it
     report = validate(cfg, extra_rules=[check_container_steps, *data_checks.RULES, check_eval_data])
     report.notes[:0] = notes
     report.errors.extend(path_issues(cfg))

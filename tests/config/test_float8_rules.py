@@ -94,5 +94,7 @@ def test_accepted_on_an_fp8_gpu_with_torchao(composed, h100, monkeypatch) -> Non
     report = validate(composed(["train.float8=true", "train.compile=true", CUDA]))
     assert "train.float8" not in report.keys(), [i.format() for i in report.errors]
     assert not any(w.key == "train.float8" for w in report.warnings)
-    report = validate(composed(["train.float8=true", CUDA]))  # without compile: accepted, with a warning
+    report = validate(composed(["train.float8=true", "train.compile=false", CUDA]))  # eager: accepted, warned
     assert any(w.key == "train.float8" and "compile" in w.why for w in report.warnings)
+    report = validate(composed(["train.float8=true", CUDA]))  # compile's default on CUDA with FSDP2: on
+    assert not any(w.key == "train.float8" for w in report.warnings)
