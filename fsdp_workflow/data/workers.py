@@ -12,6 +12,13 @@ kernel's OOM killer) is named with its exit code instead of hanging the parent.
 
 Chunk ``i`` goes to worker ``i % N``; each worker answers its chunks in the order
 received, so reading worker ``i % N`` for result ``i`` gives the results in order.
+
+Each worker reads its pipe in a thread of its own, into a local queue, while its main
+thread encodes and answers. Without that, a chunk and a result each larger than the
+socket buffer (about 200 kB; a 512-record chunk of chat is about 1 MB) deadlock: the
+parent blocks sending chunk ``i + N`` to a worker that blocks sending result ``i``,
+which the parent reads only after its send returns. The parent keeps at most
+``IN_FLIGHT_PER_WORKER`` chunks per worker in flight, so the queue stays that short.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Deque, Iterable, Iterator, List, Tuple
 
@@ -30,16 +39,34 @@ class WorkerDied(RuntimeError):
     """A tokenising worker ended without answering (killed, out of memory)."""
 
 
+_CLOSED = object()  # the parent closed the pipe (or is gone)
+
+
 def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent reports Ctrl-C and ends us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # likewise kill/timeout sent to the whole group
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+
+    def read() -> None:  # drains the pipe while the main thread works or waits to answer (see the docstring)
+        while True:
+            try:
+                inbox.put((True, conn.recv()))
+            except (EOFError, OSError):
+                inbox.put(_CLOSED)
+                return
+            except BaseException as err:  # noqa: BLE001 - an item that cannot be unpickled: answered as its error
+                inbox.put((False, err))
+
+    threading.Thread(target=read, daemon=True).start()
     while True:
-        try:
-            item = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
+        got = inbox.get()
+        if got is _CLOSED:  # the parent is gone
             os._exit(0)
         try:
+            read_ok, item = got
+            if not read_ok:
+                raise item
             conn.send((True, fn(item)))
         except BaseException as err:  # noqa: BLE001 - re-raised in the parent, as Pool did
             try:

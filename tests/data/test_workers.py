@@ -40,6 +40,19 @@ def test_results_come_back_in_input_order_from_every_worker() -> None:
     assert list(ordered_map(_square, iter(items), 3)) == [i * i for i in items]
 
 
+def _megabyte(item: bytes) -> bytes:
+    return item + b"r" * (1 << 20)
+
+
+@pytest.mark.timeout(60)  # the deadlock this guards against is a hang
+def test_chunks_and_results_larger_than_the_pipe_do_not_deadlock() -> None:
+    """A 1 MB chunk sent while its worker sends a 1 MB result (a 512-record chunk of chat is about that)."""
+    t0 = time.monotonic()
+    out = list(ordered_map(_megabyte, (bytes([i]) * (1 << 20) for i in range(12)), 2))
+    assert [r[0] for r in out] == list(range(12)) and all(len(r) == 2 << 20 for r in out)
+    assert time.monotonic() - t0 < 30
+
+
 def test_an_error_in_a_worker_is_raised_for_its_item_and_no_worker_is_left(tmp_path: Path) -> None:
     seen = []
     with pytest.raises(ValueError, match="thirteen is refused"):
