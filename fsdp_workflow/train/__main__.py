@@ -6,8 +6,8 @@ Run on every rank, with ``RUN_DIR/launch.env`` exported::
     torchrun --nproc_per_node 2 --standalone -m fsdp_workflow.train RUN_DIR
 
 Exit codes: 0 done, 2 bad config, a resume the config cannot apply (another
-optimizer or model shape than the checkpoint's), or the run directory in use by
-another process (message printed, nothing written), 65 the loss or gradient norm became NaN/inf
+optimizer or model shape than the checkpoint's; train_exit.json records it), or the
+run directory in use by another process (message printed, nothing written), 65 the loss or gradient norm became NaN/inf
 (nothing saved from that step), 74 disk full during a save, 75 preempted or
 Ctrl-C after a checkpoint (requeue), 76 a collective timed out (a rank stopped
 answering; the message names it), 1 unexpected error.
@@ -31,13 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0] in ("-h", "--help"):
         print(__doc__, file=sys.stderr)
         return EXIT_USAGE
-    from fsdp_workflow.train.checkpoint import CheckpointError
-    from fsdp_workflow.train.data import DataError
+    from fsdp_workflow.train.failures import usage_errors
     from fsdp_workflow.train.loop import main as train
-    from fsdp_workflow.train.loss import LossConfigError
-    from fsdp_workflow.train.optim import OptimizerError
-    from fsdp_workflow.train.parallel import StrategyError
-    from fsdp_workflow.train.resume import ResumeError
     from fsdp_workflow.train.runlock import RunLocked
 
     setup_logging(recorded_log_level(args[0]))
@@ -51,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunLocked as e:  # one line on every rank, nothing written into the run
         log.error("fsdp_workflow.train [rank %s]: %s", os.environ.get("RANK", "0"), e)
         return EXIT_USAGE
-    except (StrategyError, DataError, OptimizerError, CheckpointError, LossConfigError, ResumeError,
-            FileNotFoundError) as e:
+    except usage_errors() as e:  # rank 0 recorded it in train_exit.json (loop.refusals_recorded)
         rank = os.environ.get("RANK", "0")
         report_user_error(log, f"fsdp_workflow.train [rank {rank}]: error: {e}", e)
         return EXIT_USAGE

@@ -27,7 +27,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.commands import hydra_value, shell
@@ -104,6 +104,22 @@ def describe_os_error(e: OSError) -> str:
     """``[Errno 28] No space left on device: '/path'`` (with the path even when torch dropped it)."""
     where = f": '{e.filename}'" if e.filename else ""
     return f"[Errno {e.errno}] {e.strerror or errno.errorcode.get(e.errno or 0, '')}{where}"
+
+
+def usage_errors() -> Tuple[type, ...]:
+    """The errors the trainer reports as a usage error: one line, exit 2, and ``train_exit.json`` saying why.
+
+    A config the trainer cannot apply (a resume onto another optimizer or model shape, a
+    strategy or mesh that does not fit the ranks launched), missing data or checkpoints.
+    """
+    from fsdp_workflow.train.checkpoint import CheckpointError
+    from fsdp_workflow.train.data import DataError
+    from fsdp_workflow.train.loss import LossConfigError
+    from fsdp_workflow.train.optim import OptimizerError
+    from fsdp_workflow.train.parallel import StrategyError
+    from fsdp_workflow.train.resume import ResumeError
+
+    return (StrategyError, DataError, OptimizerError, CheckpointError, LossConfigError, ResumeError, FileNotFoundError)
 
 
 def peer_timeout_reported(train_exit: Path, since: float) -> bool:

@@ -37,10 +37,11 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.config.schema import ActivationCheckpointing, Device, ModelInit, WorkflowConfig
-from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE
+from fsdp_workflow.core.exit_codes import (EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_OK, EXIT_PEER_TIMEOUT, EXIT_REQUEUE,
+                                           EXIT_USAGE)
 from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
@@ -58,7 +60,7 @@ from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers, ulysses
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
 from fsdp_workflow.train.checkpointers import make_checkpointer
-from fsdp_workflow.train.failures import after_divergence, collective_timeout, peer_timeout_reported
+from fsdp_workflow.train.failures import after_divergence, collective_timeout, peer_timeout_reported, usage_errors
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.loss import LossSums, install_loss_forward, router_aux_coef
 from fsdp_workflow.train.data import Batch, RankBatches, SampleSource, open_sources, pad_token_id
@@ -245,7 +247,7 @@ class Outcome:
 
     exit_code: int
     reason: str
-    step: int
+    step: Optional[int]  # None: refused before a step ran (refusals_recorded)
     last_saved: Optional[int]
 
 
@@ -262,18 +264,19 @@ def main(run_dir_arg: str) -> int:
     parallel.check_strategy_available(cfg.strategy.name, "cpu" if _device_is_cpu(cfg) else "cuda")
     init_distributed(cfg)
     run_lock = hold_run_lock(run)  # before anything is written into the run; released when this process ends
-    ranks = Ranks.start(cfg, run)
-    if cfg.train.float8:
-        float8.check_available(ranks.device)  # CPU, a GPU below 8.9 or no torchao: exit 2 before the run starts
-    beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
-    try:
-        outcome = run_session(run, cfg, ranks, beat)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        outcome = failed_outcome(exc, run, cfg, ranks, beat, started)
-    finally:
-        beat.stop()
+    with refusals_recorded(run):
+        ranks = Ranks.start(cfg, run)
+        if cfg.train.float8:
+            float8.check_available(ranks.device)  # CPU, a GPU below 8.9 or no torchao: exit 2 before the run starts
+        beat = Heartbeat(run, ranks.rank, beat_interval(cfg.cluster.rdzv_timeout_s)).start()
+        try:
+            outcome = run_session(run, cfg, ranks, beat)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            outcome = failed_outcome(exc, run, cfg, ranks, beat, started)
+        finally:
+            beat.stop()
     if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE, EXIT_NONFINITE) and dist.is_initialized():
         # Rank 0 wrote train_exit.json and .requeue first, so no rank exits (and no
         # srun --kill-on-bad-exit fires) before the job script can read them.
@@ -574,13 +577,35 @@ def evaluate(s: Session) -> float:
     return totals[0].item() / max(totals[1].item(), 1.0)
 
 
-def record_exit(run: RunDir, outcome: Outcome) -> None:
-    """Rank 0: write ``train_exit.json`` (and ``.requeue`` when preempted) for the job scripts."""
+@contextmanager
+def refusals_recorded(run: RunDir) -> Iterator[None]:
+    """Rank 0 records a usage error (:func:`~.failures.usage_errors`) in ``train_exit.json`` as exit 2, then re-raises.
+
+    ``train/__main__`` prints the error and exits 2; the record is what the job script and
+    ``status`` read, as for every other exit (without it status showed the previous attempt's
+    exit). Entered only once this process holds the run (:func:`hold_run_lock`): a trainer
+    refused because another holds it must not overwrite that run's record.
+    """
+    try:
+        yield
+    except usage_errors() as exc:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            record_exit(run, Outcome(EXIT_USAGE, str(exc), None, None), announce=False)
+        raise
+
+
+def record_exit(run: RunDir, outcome: Outcome, announce: bool = True) -> None:
+    """Rank 0: write ``train_exit.json`` (and ``.requeue`` when preempted) for the job scripts.
+
+    ``announce``: log how training ended (False where the caller reports the error itself).
+    """
     checkpoint = str(run.step_dir(outcome.last_saved)) if outcome.last_saved is not None else None
     atomic_write_json(run.train_exit, {"exit_code": outcome.exit_code, "reason": outcome.reason,
                                        "step": outcome.step, "checkpoint": checkpoint})
     if outcome.exit_code == EXIT_REQUEUE:
         # The job script requeues only when this marker exists.
         atomic_write_text(run.requeue_marker, f"step {outcome.step}\n")
+    if not announce:
+        return
     (logger.info if outcome.exit_code in (EXIT_OK, EXIT_REQUEUE) else logger.error)(
         "training %s at step %d; exit code %d", outcome.reason, outcome.step, outcome.exit_code)

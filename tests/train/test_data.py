@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import List
@@ -136,3 +137,6 @@ def test_a_run_without_prepared_data_names_the_prepare_command(tmp_path: Path) -
     assert proc.returncode == 2, proc.stderr
     assert f"python -m fsdp_workflow.data.prepare {run}" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # Recorded as every other exit is, for status and the job script (train/loop.refusals_recorded).
+    record = json.loads((run / "train_exit.json").read_text())
+    assert record["exit_code"] == 2 and f"python -m fsdp_workflow.data.prepare {run}" in record["reason"], record

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,16 @@ def test_a_finished_run_trains_further_at_the_longer_schedule_as_the_complete_me
     assert "optimizer.name=sgd: the checkpoint holds optimizer.name=adamw's state" in out, out[-4000:]
     assert "Fix: optimizer.name=adamw" in out and "Traceback" not in out, out[-4000:]
     assert sorted(losses(run)) == [1, 2, 3, 4]
+    # Recorded as every other exit is (rank 0, train_exit.json), so status says why rather than "finished".
+    record = json.loads((run / "train_exit.json").read_text())
+    assert record["exit_code"] == EXIT_USAGE, record
+    assert record["reason"].startswith("optimizer.name=sgd: the checkpoint holds optimizer.name=adamw's"), record
+    status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run)], env=_process_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr[-4000:]
+    (said,) = [ln for ln in status.stdout.splitlines() if ln.startswith("trainer exit:")]
+    assert said.startswith("trainer exit: 2 (refused: bad config or arguments): optimizer.name=sgd: the checkpoint "
+                           "holds optimizer.name=adamw's state"), said
 
     longer = _cli(run, [*SHORT, "train.max_steps=6", resume])
     assert longer.returncode == EXIT_OK, longer.stderr[-4000:]
