@@ -21,6 +21,8 @@ from fsdp_workflow.core.commands import hydra_value
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt"
+# docs/training.md's resume rules, as one line of text (its quotes wrap across lines).
+TRAINING_DOC = " ".join((ROOT / "docs" / "training.md").read_text().split())
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -144,6 +146,8 @@ def test_a_changed_tokenizer_is_named_and_an_older_record_is_not_compared_on_it(
         [f"model.tokenizer: {tok / 'tokenizer.json'}: its content changed"]
     older = {k: v for k, v in before.items() if k != TOKENIZER_KEY}  # planned before the key was recorded
     assert changed_inputs(older, fingerprint_inputs(cfg)) == []
+    # docs/training.md's resume rules say so, quoting the line the user sees.
+    assert f"`{TOKENIZER_KEY}: DIR/tokenizer.json: its content changed`" in TRAINING_DOC
 
 
 def test_resume_auto_onto_changed_data_is_warned(tmp_path: Path) -> None:
@@ -159,3 +163,8 @@ def test_resume_auto_onto_changed_data_is_warned(tmp_path: Path) -> None:
     assert err.count("warning: checkpoint.resume = 'auto'") == 1, err
     assert f"from its step 2 on other inputs than it trained on so far: data.path: {data}:" in err, err
     assert f"run_dir={run}-2" in err
+    # docs/training.md's resume rules quote the warning as it is printed.
+    for words in ("warning: checkpoint.resume = 'auto'", "on other inputs than it trained on so far:",
+                  "The data position and the schedule carry on from that step over the new data",
+                  "to continue onto them on purpose, nothing"):
+        assert words in " ".join(err.split()) and words in TRAINING_DOC, words
