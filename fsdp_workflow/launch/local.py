@@ -37,15 +37,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
-from fsdp_workflow.core.rundir import TRAIN_NODE_SCRIPT, RunDir
+from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.launch.chain_guard import finished_message
 from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
-from fsdp_workflow.plan.jobs import LaunchPlan
+from fsdp_workflow.plan.jobs import LaunchPlan, SbatchJob
 from fsdp_workflow.plan.render import runtime_argv
 
 log = logging.getLogger(__name__)
@@ -258,13 +258,12 @@ def _this_python(argv: List[str]) -> List[str]:
 
 
 def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
-    """:func:`run_local` once the lock is held."""
+    """:func:`run_local` once the lock is held: the plan's chain, job after job, as Slurm would."""
     layout = plan.layout
     # The same command again after the run ended: nothing to train, and a merge (hours and the
     # model's size in RAM on a large model) that would only rewrite the same verified weights.
     # (A model of an earlier, shorter run is replaced here: the local consolidation runs with --overwrite.)
-    done, _ = finished_message(layout, plan.max_steps, consolidate and plan.consolidate_argv is not None,
-                               local=True)
+    done, _ = finished_message(layout, plan.max_steps, consolidate, local=True)
     if done:
         print(f"[fsdp_workflow] {done}")
         return 0
@@ -278,48 +277,77 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.
     layout.requeue_marker.unlink(missing_ok=True)
-    if plan.prepare_argv:
-        log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
-        rc = _run(_this_python(plan.prepare_argv), env)
-        stopped = _stopped(rc)
-        if stopped:
-            print(f"[fsdp_workflow] {stopped[1]} while preparing the data (exit {stopped[0]}); "
-                  "nothing was trained and no partial cache is used. Run the same command again to prepare "
-                  "from the start.", file=sys.stderr)
-            return stopped[0]
-        if rc != 0:
-            log.error("[fsdp_workflow] data preparation failed (%s); nothing was trained.", _code_words(rc))
+    consolidated = None
+    for job in plan.chain:
+        if job.role == "consolidate" and not consolidate:
+            break
+        assert job.role in _JOB_RUNNERS, f"the local launcher has no runner for the chain's {job.role} job"
+        rc = _JOB_RUNNERS[job.role](plan, job, env)
+        if rc is not None:
             return rc
+        if job.role == "consolidate":
+            consolidated = job
+    if consolidated is None:
+        log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
+        return 0
+    out = str(layout.hf_model)
+    print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
+    if consolidated.before_argvs:  # the EMA's consolidation (train.ema_decay)
+        print(f"  and its EMA: {layout.hf_model_ema}")
+    print(f"  load it with: AutoModelForCausalLM.from_pretrained({out!r})")
+    return 0
+
+
+def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+    """The data preparation job; None once it succeeded, else the command's exit code."""
+    log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
+    rc = _run(_this_python(job.argv), env)
+    stopped = _stopped(rc)
+    if stopped:
+        print(f"[fsdp_workflow] {stopped[1]} while preparing the data (exit {stopped[0]}); "
+              "nothing was trained and no partial cache is used. Run the same command again to prepare "
+              "from the start.", file=sys.stderr)
+        return stopped[0]
+    if rc != 0:
+        log.error("[fsdp_workflow] data preparation failed (%s); nothing was trained.", _code_words(rc))
+        return rc
+    return None
+
+
+def _train(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+    """The training job (``train_node.sh`` under this launcher); None once it succeeded."""
+    layout = plan.layout
     log_path = layout.logs / LOCAL_TRAIN_LOG
     log.info("[fsdp_workflow] training: log %s, metrics in %s", log_path, layout.metrics)
     started = time.time()
-    run = _run_training(["bash", str(layout.script(TRAIN_NODE_SCRIPT))], env, log_path)
+    run = _run_training(job.argv, env, log_path)
     if run.interrupted:
         latest = layout.latest_checkpoint()
         kept = str(latest[1]) if latest else "none yet"
         print(f"[fsdp_workflow] stopped at once on a second Ctrl-C (exit {EXIT_INTERRUPTED}); last committed "
               f"checkpoint: {kept}. Resume with: {resume_command(layout.root)}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if run.returncode != 0:
-        if layout.requeue_marker.exists():
-            log.warning("[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
-                        "command with checkpoint.resume=auto run_dir=%s to continue.", layout.root)
-            print(f"[fsdp_workflow] resume with: {resume_command(layout.root)}", file=sys.stderr)
-            return EXIT_REQUEUE
-        record = _train_exit(layout, started)
-        if run.ctrl_c and record is None:  # stopped before a step could finish and be saved
-            print(f"[fsdp_workflow] interrupted (Ctrl-C) before a checkpoint could be saved (exit "
-                  f"{EXIT_INTERRUPTED}); full log: {log_path}. Resume with: {resume_command(layout.root)}",
-                  file=sys.stderr)
-            return EXIT_INTERRUPTED
-        code, line = _failure_line(run, record, log_path)
-        log.error("%s", line)
-        return code
-    if not consolidate or not plan.consolidate_argv:
-        log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
-        return 0
-    # The EMA first (train.ema_decay): the model's consolidation may remove the shards.
-    for cons in filter(None, (plan.consolidate_ema_argv, plan.consolidate_argv)):
+    if run.returncode == 0:
+        return None
+    if layout.requeue_marker.exists():
+        log.warning("[fsdp_workflow] training stopped on a signal after saving a checkpoint; rerun the same "
+                    "command with checkpoint.resume=auto run_dir=%s to continue.", layout.root)
+        print(f"[fsdp_workflow] resume with: {resume_command(layout.root)}", file=sys.stderr)
+        return EXIT_REQUEUE
+    record = _train_exit(layout, started)
+    if run.ctrl_c and record is None:  # stopped before a step could finish and be saved
+        print(f"[fsdp_workflow] interrupted (Ctrl-C) before a checkpoint could be saved (exit "
+              f"{EXIT_INTERRUPTED}); full log: {log_path}. Resume with: {resume_command(layout.root)}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    code, line = _failure_line(run, record, log_path)
+    log.error("%s", line)
+    return code
+
+
+def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+    """The consolidation job: the EMA's first (it never removes the shards), the model's, then its card."""
+    for cons in [*job.before_argvs, job.argv]:
         argv = _this_python(cons)
         log.info("[fsdp_workflow] consolidating: %s", shown(argv))
         rc = _run(argv, env)
@@ -332,15 +360,18 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
         if rc != 0:
             log.error("[fsdp_workflow] consolidation failed (%s); the checkpoints are untouched.", _code_words(rc))
             return rc
-    if plan.card_argv:  # the report stage: README.md (and loss_curve.png) beside the verified weights
-        rc = _run(_this_python(plan.card_argv), env)
+    for card in job.after_argvs:  # the report stage: README.md (and loss_curve.png) beside the verified weights
+        rc = _run(_this_python(card), env)
         if rc != 0:
             log.error("[fsdp_workflow] the model card command failed (%s); the model is verified and "
                       "in place.", _code_words(rc))
             return rc
-    out = str(layout.hf_model)
-    print(f"[fsdp_workflow] done. Consolidated, verified model: {out}")
-    if plan.consolidate_ema_argv:
-        print(f"  and its EMA: {layout.hf_model_ema}")
-    print(f"  load it with: AutoModelForCausalLM.from_pretrained({out!r})")
-    return 0
+    return None
+
+
+# What this machine runs for each role of the plan's chain (the per-checkpoint eval job is Slurm's alone).
+_JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict], Optional[int]]] = {
+    "prepare": _prepare,
+    "train": _train,
+    "consolidate": _consolidate,
+}

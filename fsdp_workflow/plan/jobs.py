@@ -34,28 +34,39 @@ class Expand(str):
 
 @dataclass
 class SbatchJob:
-    """One Slurm job: header options (no paths), path options, and what it runs.
+    """One job of the chain: header options (no paths), path options, and what it runs.
+
+    Each command is held once, as any machine runs it (wrapped for the container):
+    the local launcher runs ``argv`` itself, and the batch script runs it as
+    :meth:`as_step` makes it, behind ``step_prefix``.
 
     Attributes:
-        role: ``train``, ``consolidate`` or ``eval``; also the log file's prefix.
+        role: ``prepare``, ``train``, ``consolidate`` or ``eval``; also the log file's prefix.
         script: the batch script's file name in the run directory.
         options: ``#SBATCH`` options, ``("nodes", "2")``; value None for flags.
         path_options: ``--output``: passed on the sbatch command line, quoted, because
             Slurm's header parser has no quoting for spaces or quotes.
-        step_argv: what the job's step runs.
+        argv: the job's command.
+        step_prefix: what makes a command a step of the batch job (``srun ...``); empty:
+            the batch shell runs it.
         after: the role this job waits for (``--dependency=afterok``), or None.
-        before_argvs: commands run before ``step_argv``, each of which must succeed.
-        after_argvs: commands run once ``step_argv`` succeeded (the consolidation job's model card).
+        before_argvs: commands run before ``argv``, each of which must succeed (the EMA's consolidation).
+        after_argvs: commands run once ``argv`` succeeded (the consolidation job's model card).
     """
 
     role: str
     script: str
     options: List[Tuple[str, Optional[str]]]
     path_options: Dict[str, str]
-    step_argv: List[str] = field(default_factory=list)
+    argv: List[str] = field(default_factory=list)
+    step_prefix: List[str] = field(default_factory=list)
     after: Optional[str] = None
     before_argvs: List[List[str]] = field(default_factory=list)
     after_argvs: List[List[str]] = field(default_factory=list)
+
+    def as_step(self, argv: List[str]) -> List[str]:
+        """``argv`` as the batch script runs it: behind :attr:`step_prefix`."""
+        return [*self.step_prefix, *argv]
 
 
 def sbatch_argv(job: SbatchJob, run_dir: Path, after_id: Optional[str] = None,
@@ -88,12 +99,9 @@ class LaunchPlan:
     Attributes:
         layout: the run directory's paths (``cluster.log_dir``, ``consolidate.output_dir`` applied).
         node_script_argv: the per-node launcher (torchrun or accelerate launch), wrapped for the container.
-        prepare_argv: ``python -m fsdp_workflow.data.prepare RUN_DIR``, wrapped; empty for synthetic data.
-        consolidate_argv: ``python -m fsdp_workflow.consolidate ...``, wrapped; empty when disabled.
-        consolidate_ema_argv: the EMA's consolidation (``hf_model_ema/``), run first; empty without one.
-        card_argv: ``python -m fsdp_workflow.report.card MODEL... --run-dir RUN_DIR``, wrapped: the model
-            card, run after the consolidations (empty when consolidation is off).
-        chain: the jobs ``submit.sh`` submits, in order (prepare, train afterok, consolidate afterok).
+        chain: the jobs, in order (prepare, train afterok, consolidate afterok): ``submit.sh``
+            submits them and the local launcher runs them. Data preparation is absent for
+            synthetic data, consolidation when it is off.
         eval_job: the per-checkpoint evaluation job, submitted by ``post_checkpoint.sh``.
         shutdown_timeout_s: torchrun's wait for the ranks after SIGTERM before SIGKILL.
         code_dir: ``RUN_DIR/code`` when ``cluster.code_snapshot`` is on (:mod:`fsdp_workflow.plan.snapshot`).
@@ -106,8 +114,6 @@ class LaunchPlan:
 
     layout: RunDir
     node_script_argv: List[str]
-    prepare_argv: List[str]
-    consolidate_argv: List[str]
     chain: List[SbatchJob]
     max_requeues: int
     master_port_base: int
@@ -115,8 +121,6 @@ class LaunchPlan:
     nnodes: int
     nccl_env: Dict[str, str]
     eval_job: Optional[SbatchJob] = None
-    consolidate_ema_argv: List[str] = field(default_factory=list)
-    card_argv: List[str] = field(default_factory=list)
     shutdown_timeout_s: int = 30
     modules: List[str] = field(default_factory=list)  # `module load` in every job, before the step
     env_script: Optional[str] = None  # sourced in every job, before the step

@@ -376,7 +376,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
         '$MAX_REQUEUES nodes $SLURM_JOB_NODELIST master $MASTER_ADDR:$MASTER_PORT" >&2',
         *preflight_lines(plan),
         "STARTED=$(date +%s)",
-        shell_join(job.step_argv),
+        shell_join(job.as_step(job.argv)),
         *requeue_lines(),
         "",
     ]
@@ -405,9 +405,7 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
                   "trap 'rc=$?; cleanup_staging || true; job_exit_record \"$rc\"' EXIT"]
     lines += [
         *site_env_lines(plan),
-        *(shell_join(argv) for argv in job.before_argvs),
-        shell_join(job.step_argv),
-        *(shell_join(argv) for argv in job.after_argvs),
+        *(shell_join(job.as_step(argv)) for argv in [*job.before_argvs, job.argv, *job.after_argvs]),
         "",
     ]
     return "\n".join(lines)

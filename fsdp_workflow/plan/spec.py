@@ -261,8 +261,9 @@ def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
     return SbatchJob(
         role="train", script=TRAIN_SBATCH, options=_train_options(cfg),
         path_options={"output": str(layout.log_pattern("train"))},
-        step_argv=["srun", "--kill-on-bad-exit=1", f"--nodes={n}", "--ntasks-per-node=1",
-                   *srun_container_args(cfg, "train"), "bash", str(layout.script(TRAIN_NODE_SCRIPT))],
+        argv=["bash", str(layout.script(TRAIN_NODE_SCRIPT))],
+        step_prefix=["srun", "--kill-on-bad-exit=1", f"--nodes={n}", "--ntasks-per-node=1",
+                     *srun_container_args(cfg, "train")],
     )
 
 
@@ -289,15 +290,15 @@ def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: 
     ``then``: commands it runs once ``argv`` succeeded (the model card).
     """
     attach = srun_container_args(cfg, step)
-    # a runtime that attaches the image to an srun step (pyxis) needs one; otherwise run in the batch shell
-    as_step = (lambda a: ["srun", "--ntasks=1", *attach, *a]) if attach else list
     return SbatchJob(
         role=role, script=script, options=_cpu_job_options(cfg, role),
         path_options={"output": str(layout.log_pattern(role))},
-        step_argv=as_step(argv),
+        argv=argv,
+        # a runtime that attaches the image to an srun step (pyxis) needs one; otherwise run in the batch shell
+        step_prefix=["srun", "--ntasks=1", *attach] if attach else [],
         after=after,
-        before_argvs=[as_step(a) for a in before or []],
-        after_argvs=[as_step(a) for a in then or []],
+        before_argvs=list(before or []),
+        after_argvs=list(then or []),
     )
 
 
@@ -313,7 +314,6 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     c = cfg.cluster
     layout = run_layout(cfg)
     chain: List[SbatchJob] = []
-    prep_argv: List[str] = []
     if cfg.data.source != DataSource.synthetic:
         # Tokenise once, on CPU, before the GPUs are allocated: the head of the chain.
         prep_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.data.prepare", str(layout.root)], "prepare")
@@ -321,13 +321,10 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     train = _train_job(cfg, layout)
     train.after = chain[-1].role if chain else None
     chain.append(train)
-    cons_argv: List[str] = []
-    ema_argv: List[str] = []
-    card: List[str] = []
     if cfg.consolidate.enabled:
         cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
-        if cfg.train.ema_decay is not None:
-            ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), "consolidate")
+        ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), "consolidate") \
+            if cfg.train.ema_decay is not None else []
         card = wrap_argv(cfg, card_argv(cfg, layout), "consolidate")
         chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train",
                               before=[ema_argv] if ema_argv else None, then=[card]))
@@ -339,10 +336,6 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     return LaunchPlan(
         layout=layout,
         node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), "train"),
-        prepare_argv=prep_argv,
-        consolidate_argv=cons_argv,
-        consolidate_ema_argv=ema_argv,
-        card_argv=card,
         chain=chain,
         max_requeues=c.max_requeues,
         master_port_base=c.master_port_base,

@@ -94,15 +94,35 @@ def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, 
 @pytest.mark.parametrize("child", ["os.kill(os.getpid(), signal.SIGINT)", "sys.exit(130)"])
 def test_ctrl_c_during_prepare_exits_130_with_what_to_do(child: str, tmp_path: Path, capsys) -> None:
     """A prepare step ended by Ctrl-C (killed by SIGINT, or exiting 130) is reported as such, not as a failure."""
-    import dataclasses
-
     plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
     code = f"import os, signal, sys; {child}"
-    plan = dataclasses.replace(plan, prepare_argv=["python", "-c", code])
+    prepare = plan.job("prepare")
+    assert prepare is not None
+    prepare.argv = ["python", "-c", code]
     assert run_local(plan, consolidate=False) == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C) while preparing the data (exit 130)" in err and "Run the same command" in err
     assert not (plan.run_dir / "checkpoints").exists() or not any((plan.run_dir / "checkpoints").iterdir())
+
+
+def test_the_local_launcher_runs_the_plans_chain_in_order(tmp_path: Path, capfd) -> None:
+    """Each job of ``plan.chain`` runs its one command, in the chain's order (no order of its own)."""
+    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "train.ema_decay=0.9"]))
+    trace = tmp_path / "trace"
+
+    def note(word: str) -> list:
+        return ["sh", "-c", f'echo {word} >> "$0"', str(trace)]
+
+    assert [j.role for j in plan.chain] == ["prepare", "train", "consolidate"]
+    prepare, train, cons = plan.chain
+    prepare.argv, train.argv = note("prepare"), note("train")
+    cons.before_argvs, cons.argv, cons.after_argvs = [note("ema")], note("model"), [note("card")]
+    assert run_local(plan, consolidate=True) == 0
+    assert trace.read_text().split() == ["prepare", "train", "ema", "model", "card"]
+    assert "and its EMA" in capfd.readouterr().out
+    trace.unlink()
+    assert run_local(plan, consolidate=False) == 0
+    assert trace.read_text().split() == ["prepare", "train"]
 
 
 @pytest.mark.parametrize("trained_to", ["max_steps", "fewer"])
@@ -118,8 +138,9 @@ def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_
     ran, merged = tmp_path / "ran", tmp_path / "merged"
     fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-    plan = dataclasses.replace(plan, prepare_argv=None, consolidate_ema_argv=None, card_argv=None,
-                               consolidate_argv=["python", "-c", f"open({str(merged)!r}, 'w')"])
+    consolidate = dataclasses.replace(plan.consolidate, argv=["python", "-c", f"open({str(merged)!r}, 'w')"],
+                                      before_argvs=[], after_argvs=[])
+    plan = dataclasses.replace(plan, chain=[plan.train, consolidate])
     assert run_local(plan, consolidate=True) == 0
     out = capfd.readouterr().out
     if trained_to == "max_steps":

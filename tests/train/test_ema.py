@@ -104,7 +104,8 @@ def test_planned_consolidations_write_both_models_and_they_load(ema_run: Path, t
     cfg = load_run_config(run)
     cfg.run_dir = str(run)  # the copy's config still names its source
     plan = build_plan(cfg)
-    for argv in (plan.consolidate_ema_argv, plan.consolidate_argv):
+    assert plan.consolidate is not None
+    for argv in (*plan.consolidate.before_argvs, plan.consolidate.argv):
         proc = subprocess.run(_this_python(argv), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     layout = RunDir.of(run)
