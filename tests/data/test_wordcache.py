@@ -2,14 +2,19 @@
 
 Both paths are run on every chat family of test_families.py (their stock
 templates, their special tokens, conversations with and without system turns
-and reasoning, ASCII and not), on Llama-3 and Qwen2 style pre-tokenizers
-(Split + ByteLevel, an NFC normaliser), and the shapes the word cache must
-refuse are refused.
+and reasoning, ASCII, CJK, emoji and code), on GPT-2, Llama-3 and Qwen2 style
+pre-tokenizers (Split + ByteLevel, an NFC normaliser) trained on text with
+multi-byte characters, over hand-picked awkward strings and random strings of
+code points from all of Unicode, and the shapes the word cache must refuse are
+refused. Where it refuses a text (a character the two regex engines class
+differently, one that may case-fold or normalise), the Rust tokenizer's answer
+is used, so either way the ids and offsets are the Rust tokenizer's.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -34,6 +39,16 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# CJK without spaces, emoji sequences (ZWJ, skin tone, flag, variation selector), combining marks in and out of NFC,
+# other scripts, code with unicode, control and space characters, case folds (ſ, K, İ, ß), a letter the two regex
+# engines class differently (U+A7CE: a letter to Python's regex, not yet to the Rust tokenizer's Oniguruma)
+UNICODE_STRINGS = [
+    "分布式训练：梯度同步，参数切分。你好！", "東京は晴れ。ひらがなカタカナ漢字、コードを直す", "２０２６年 ①② Ⅻ ½ x² ٣",
+    " 👩\u200d💻🇯🇵 👍🏽❤️ 🚀🚀 ok🎉", "e\u0301 a\u0308\u0301 ﬁx é", "Привет, мир! Γειά σου 안녕하세요 مرحبا नमस्ते ไทย",
+    "def größe(città='值'):  # ✓ λ\n\treturn f\"{città} 🔥\"  // “quoted” → …", "x\x0by\x0cz\x1c\x1f\x85\u2028\u3000end",
+    "DON'ſ it'K 'İ Straße 'ß", "\u00a0 \u2009x\u00a0\n\n  \u3000", "naïve café — Grüße", "x\ua7cey \ua7ce a\ua7ce",
+    "混合 mixed 文本123abc😀", "\ufeffBOM and \u200b zero width", "🏳️\u200d🌈 family: 👨\u200d👩\u200d👧",
+]
 STRINGS = ["Hello, world! It's 1234567 o'clock.", "DON'T shout'LL\r\n\r\n\tindent   x", "  ", "",
            "a <|im_end|>b<|im_start|>  c", "1.5e10 and 0x1F!", "naïve café", "tab\tand\x0bvt", "end\n"]
 
@@ -45,7 +60,8 @@ def _both(tok: Any, template: str, records: List[Any]) -> Tuple[Any, Any, int]:
 
     def counting(self: WordCache, text: str) -> Any:
         got = original(self, text)
-        used.append(got is not None)
+        if encode_mod._STATE.get("words") is self:  # a document's, not one of for_tokenizer's probes
+            used.append(got is not None)
         return got
 
     WordCache.encode = counting  # type: ignore[method-assign]
@@ -61,6 +77,17 @@ def _both(tok: Any, template: str, records: List[Any]) -> Tuple[Any, Any, int]:
     return with_cache, without, sum(used)
 
 
+MIXED_RECORDS = [
+    [{"role": "user", "content": "请用Python写一个函数，输出“Grüße”。"},
+     {"role": "assistant", "content": "好的：\n```python\ndef größe(città: str) -> str:\n    # 返回问候 🚀\n"
+                                      "    return f\"Grüße, {città} 👩\u200d💻\"\n```"}],
+    [{"role": "user", "content": "分散学習について教えてください。"},
+     {"role": "assistant", "content": "データ並列では、各GPUにモデルのコピーを置きます。勾配は平均されます！"}],
+    [{"role": "user", "content": "e\u0301 or é? ſ and K, naïve\u00a0café"},
+     {"role": "assistant", "content": "Both — “é” (NFC) 👍🏽 and \u3000 ideographic space; 🇯🇵 flag ✓"}],
+]
+
+
 @pytest.fixture(scope="module")
 def family_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return {name: make_tokenizer(fam, tmp_path_factory.mktemp(name)) for name, fam in FAMILIES.items()}
@@ -73,16 +100,19 @@ def test_word_cache_equals_rust_tokenizer_on_every_family(family_tokenizers: Dic
     records = [{"messages": conversation(fam, n, system, reasoning)} for n in (1, 3)
                for system in ((False, True) if fam.system else (False,))
                for reasoning in ((False, True) if fam.reasoning else (False,))]
-    records += [{"messages": [m for m in r if fam.system or m["role"] != "system"]} for r in ASCII_RECORDS]
+    records += [{"messages": [m for m in r if fam.system or m["role"] != "system"]}
+                for r in ASCII_RECORDS + MIXED_RECORDS]
     with_cache, without, used = _both(tok, tok.chat_template, records)
-    assert used >= len(ASCII_RECORDS), f"{name}: the word cache encoded only {used} documents"
+    # every document is the cache's: CJK, emoji and combining marks included (these tokenizers have no normaliser)
+    assert used == len(records), f"{name}: the word cache encoded only {used} of {len(records)} documents"
     assert not with_cache.bad and not without.bad
     np.testing.assert_array_equal(with_cache.lengths, without.lengths)
     np.testing.assert_array_equal(with_cache.tokens, without.tokens)
     np.testing.assert_array_equal(with_cache.labels, without.labels)
 
 
-def _tokenizer(pre: Any, normalizer: Any = None, post: Any = None, specials: Tuple[str, ...] = ()) -> Any:
+def _tokenizer(pre: Any, normalizer: Any = None, post: Any = None, specials: Tuple[str, ...] = (),
+               extra: Tuple[Path, ...] = ()) -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -94,31 +124,83 @@ def _tokenizer(pre: Any, normalizer: Any = None, post: Any = None, specials: Tup
         tok.post_processor = post
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=list(specials) or ["<|im_end|>", "<|im_start|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train([str(CORPUS)], trainer)
+    tok.train([str(CORPUS), *map(str, extra)], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
 
 
-@pytest.mark.parametrize("pattern,nfc", [(LLAMA3_PATTERN, False), (QWEN2_PATTERN, True)], ids=["llama3", "qwen2"])
-def test_split_byte_level_pretokenizers_give_the_same_ids_and_offsets(pattern: str, nfc: bool) -> None:
+def _shape(name: str, extra: Tuple[Path, ...] = ()) -> Any:
+    """A tokenizer of GPT-2's, Llama 3's or Qwen2's shape (Split + ByteLevel; Qwen2 with NFC)."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
+    if name == "gpt2":
+        return _tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False), extra=extra)
+    pattern = LLAMA3_PATTERN if name == "llama3" else QWEN2_PATTERN
     pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok = _tokenizer(pre, normalizers.NFC() if nfc else None)
+    return _tokenizer(pre, normalizers.NFC() if name == "qwen2" else None, extra=extra)
+
+
+@pytest.fixture(scope="module")
+def unicode_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Training text with multi-byte characters, so that merges make tokens of several characters and of part of one."""
+    path = tmp_path_factory.mktemp("unicode") / "text.txt"
+    # "a" before letters whose first UTF-8 byte is U+A7CE's (0xEA) and whose second bytes differ: a merge of "a" with
+    # that byte, so that "a\ua7ce" as one word (Python's regex) or two (Oniguruma) gives different ids
+    path.write_text("\n".join(UNICODE_STRINGS * 20 + [m["content"] for r in MIXED_RECORDS for m in r] * 20
+                              + [" ".join("a" + chr(c) for c in range(0xA000, 0xA600, 0x100))] * 200))
+    return path
+
+
+def _random_strings(n: int, seed: int = 0) -> List[str]:
+    """Strings of code points from all of Unicode (assigned or not, controls too), mixed with ASCII words and spaces."""
+    rng = random.Random(seed)
+    pools = ["abc XYZ 123 's 'LL ", " \t\n\r", "\u00e9\u0301\u0308\u00df\u017f\u212a\u0130"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            if rng.random() < 0.5:
+                parts.append("".join(rng.choices(rng.choice(pools), k=rng.randint(1, 4))))
+            else:  # any code point but a surrogate (a Python str only; never valid UTF-8)
+                parts.append("".join(chr(c if not 0xD800 <= c <= 0xDFFF else 0x41)
+                                     for c in (rng.choice([rng.randint(0x80, 0x3000), rng.randint(0, 0x2FFFF)])
+                                               for _ in range(rng.randint(1, 4)))))
+        out.append("".join(parts))
+    return out
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama3", "qwen2"])
+def test_unicode_text_gives_the_rust_tokenizers_ids_and_offsets(unicode_text: Path, shape: str) -> None:
+    """Every text the cache serves is exact; it serves the usual unicode text, and refuses only what it must."""
+    import unicodedata
+
+    from fsdp_workflow.data.wordcache import _matched
+
+    tok = _shape(shape, (unicode_text,))
     cache = WordCache.for_tokenizer(tok)
     assert cache is not None
-    corpus = CORPUS.read_text().split("\n\n")[:40]
-    used = 0
-    for text in STRINGS + corpus:
+    texts = UNICODE_STRINGS + STRINGS + CORPUS.read_text().split("\n\n")[:20] + _random_strings(400)
+    texts += [f"{a}<|im_end|>{b}" for a, b in zip(UNICODE_STRINGS, reversed(UNICODE_STRINGS))]
+    refs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    served = set()
+    for text, ref in zip(texts, refs):
         got = cache.encode(text)
-        ref = tok.backend_tokenizer.encode(text, add_special_tokens=False)
-        if got is None:
-            assert not text.isascii() or "\x0b" in text, f"an ASCII text was refused: {text!r}"
-            continue
-        used += 1
-        assert got[0].tolist() == ref.ids, text
-        assert [tuple(o) for o in got[1].tolist()] == ref.offsets, text
-    assert used >= len(corpus)
+        if got is not None:
+            served.add(text)
+            assert got[0].tolist() == ref.ids, text
+            assert [tuple(o) for o in got[1].tolist()] == ref.offsets, text
+    # served: the CJK, emoji, code and script strings, whatever the shape
+    for text in UNICODE_STRINGS[:4] + UNICODE_STRINGS[5:7] + UNICODE_STRINGS[12:]:
+        assert text in served, (shape, text)
+    # refused only where the cache cannot be sure: a letter the engines class differently, a case fold, a
+    # normaliser's work left to do
+    rust, python = _matched(r"\p{L}", "\ua7ce")
+    assert (UNICODE_STRINGS[11] not in served) == (rust != python)
+    assert not unicodedata.is_normalized("NFC", UNICODE_STRINGS[4])
+    assert (UNICODE_STRINGS[4] in served) == (shape != "qwen2")  # e + combining acute, under NFC
+    assert (UNICODE_STRINGS[8] in served) == (shape == "gpt2")  # ſ/K/İ beside a (?i:'s|...) group
+    assert all(text in served for text in texts if text.isascii())
+    assert len(served) >= 0.5 * len(texts)
 
 
 def test_shapes_the_word_cache_cannot_match_are_refused() -> None:
@@ -142,12 +224,17 @@ def test_shapes_the_word_cache_cannot_match_are_refused() -> None:
     assert WordCache.for_tokenizer(object()) is None
 
 
-def test_non_ascii_and_control_characters_go_to_the_rust_tokenizer(bpe_tokenizer_dir: Path) -> None:
+def test_non_ascii_and_control_characters_give_the_rust_tokenizers_answer(bpe_tokenizer_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    cache = WordCache.for_tokenizer(AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir)))
+    tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
+    cache = WordCache.for_tokenizer(tok)
     assert cache is not None
-    assert cache.encode("caf\u00e9") is None and cache.encode("a\x0cb") is None and cache.encode("a\x1fb") is None
+    for text in ("caf\u00e9", "a\x0cb", "a\x1fb", "\U0001f680 x", "é<|im_end|>é"):
+        ids, offsets = cache.encode(text)  # type: ignore[misc]
+        ref = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+        assert (ids.tolist(), [tuple(o) for o in offsets.tolist()]) == (ref.ids, ref.offsets), text
+    assert cache.encode("a\ud800b") is None  # a lone surrogate is no UTF-8: the Rust tokenizer says what it says
     ids, offsets = cache.encode("plain text<|im_end|>\n")  # type: ignore[misc]
     assert offsets[-1].tolist() == [len("plain text<|im_end|>"), len("plain text<|im_end|>\n")]
     assert json.dumps(ids.tolist())  # int32 ids, one per token
