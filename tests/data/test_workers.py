@@ -54,13 +54,17 @@ def test_chunks_and_results_larger_than_the_pipe_do_not_deadlock() -> None:
 
 
 def test_an_error_in_a_worker_is_raised_for_its_item_and_no_worker_is_left(tmp_path: Path) -> None:
-    seen = []
+    def children() -> set:
+        return set(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split())
+
+    before, seen = children(), []  # (this process may have children of other tests: only new ones count)
     with pytest.raises(ValueError, match="thirteen is refused"):
         for r in ordered_map(_square, range(20), 2):
             seen.append(r)
+            if r == 0:
+                assert len(children() - before) == 2  # the two workers are up
     assert seen == [i * i for i in range(13)]
-    left = [c for c in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()]
-    assert left == [], left
+    assert children() - before == set()
 
 
 def test_a_worker_killed_by_the_kernel_is_named_with_its_signal() -> None:
