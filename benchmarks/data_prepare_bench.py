@@ -1,12 +1,18 @@
 """Prepare against ``datasets.map(batched=True, num_proc=N)`` computing the same tokens and masks, side by side.
 
-    python benchmarks/data_prepare_bench.py [--conversations 20000] [--workers 2] [--repeats 3] [--out /tmp/prep_bench]
+    python benchmarks/data_prepare_bench.py [--corpus ascii|mixed] [--conversations 20000] [--workers 2]
+        [--repeats 3] [--out /tmp/prep_bench]
 
-Generates ``--conversations`` chat records (seeded; half with a system turn,
-1-3 user/assistant exchanges of words from the shipped corpus), trains an
-8000-token BPE tokenizer on the shipped corpus (chatml template, which has
-``{% generation %}`` markers), then runs the two sides ``--repeats`` times,
-interleaved (A B, B A, A B, ...), each in a fresh process with a fresh cache:
+Generates ``--conversations`` chat records, seeded. ``--corpus ascii`` (the
+default): half with a system turn, 1-3 user/assistant exchanges of words from
+the shipped corpus, and an 8000-token byte-level BPE tokenizer (GPT-2's
+pre-tokenizer) trained on that corpus. ``--corpus mixed``: a third such English
+chat, a third code with unicode and emoji, a third Chinese or Japanese chat
+(``mixed_corpus.py``), and an 8000-token tokenizer of Qwen2's shape (NFC, its
+Split regex, byte level) trained on the shipped corpus and the first 2,000
+conversations. Both use the chatml template, which has ``{% generation %}``
+markers. Then the two sides run ``--repeats`` times, interleaved (A B, B A,
+A B, ...), each in a fresh process with a fresh cache:
 
 - ``prepare``: :func:`fsdp_workflow.data.prepare.prepare` with ``--workers``
   processes: reading, rendering, assistant masks, tokenising, shuffling,
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
@@ -44,37 +51,58 @@ sys.path.insert(0, str(ROOT))
 
 
 def generate(path: Path, conversations: int, seed: int = 0) -> int:
-    """Write ``conversations`` chat records as JSONL; returns the count."""
+    """Write ``conversations`` English chat records as JSONL; returns the count."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from mixed_corpus import english
+
     words = (ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt").read_text().split()
     rng = random.Random(seed)
-    n = 0
     with open(path, "w") as fh:
-        while n < conversations:
-            msgs = []
-            if rng.random() < 0.5:
-                msgs.append({"role": "system", "content": " ".join(rng.choices(words, k=rng.randint(5, 20)))})
-            for _ in range(rng.randint(1, 3)):
-                msgs.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(10, 60)))})
-                msgs.append({"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(20, 150)))})
-            line = json.dumps({"messages": msgs}) + "\n"
-            fh.write(line)
-            n += 1
-    return n
+        for _ in range(conversations):
+            fh.write(json.dumps({"messages": english(rng, words)}) + "\n")
+    return conversations
 
 
-def build_tokenizer(out: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# Qwen2's pre-tokenizer regex (its tokenizer.json), for the mixed corpus
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def generate_mixed(path: Path, conversations: int, seed: int = 0) -> int:
+    """Write ``conversations`` mixed records (English, code, CJK in turn; ``mixed_corpus.py``); returns the count."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import mixed_corpus
+
+    words = (ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt").read_text().split()
+    return mixed_corpus.write(path, words, conversations, seed)
+
+
+def build_tokenizer(out: Path, data: Optional[Path] = None) -> Path:
+    """The benchmark's tokenizer: GPT-2's shape on the shipped corpus, or (``data``) Qwen2's, trained on it too."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    files = [str(ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt")]
+    if data is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        sample = out.parent / "tokenizer_sample.txt"
+        with open(data, encoding="utf-8") as fh, open(sample, "w", encoding="utf-8") as dst:
+            for _, line in zip(range(2000), fh):
+                dst.writelines(m["content"] + "\n" for m in json.loads(line)["messages"])
+        files.append(str(sample))
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train([str(ROOT / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt")], trainer)
+    tok.train(files, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>")
     fast.chat_template = SHIPPED_TEMPLATES["chatml"]
     fast.save_pretrained(out)
@@ -176,6 +204,7 @@ def main() -> None:
     import statistics
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", choices=["ascii", "mixed"], default="ascii")
     ap.add_argument("--conversations", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
@@ -191,9 +220,13 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     data = out / "chat.jsonl"
-    n = generate(data, args.conversations)
-    tok_dir = build_tokenizer(out / "tokenizer")
-    print(f"{data}: {n:,} conversations, {os.path.getsize(data) / 1e6:.1f} MB", flush=True)
+    if args.corpus == "mixed":
+        n = generate_mixed(data, args.conversations)
+        tok_dir = build_tokenizer(out / "tokenizer", data)
+    else:
+        n = generate(data, args.conversations)
+        tok_dir = build_tokenizer(out / "tokenizer")
+    print(f"{data}: {n:,} {args.corpus} conversations, {os.path.getsize(data) / 1e6:.1f} MB", flush=True)
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     load_before = os.getloadavg()
     runs: dict = {"prepare": [], "peer": []}
@@ -225,7 +258,8 @@ def main() -> None:
     print(f"speed-up {med['peer'] / med['prepare']:.2f}x (per round: {pairs}); "
           f"CPU {cpu['peer'] / cpu['prepare']:.2f}x; "
           f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(json.dumps({"conversations": n, "workers": args.workers, "median_s": med, "peak_rss_mb": peak, "cpu_s": cpu,
+    print(json.dumps({"corpus": args.corpus, "conversations": n, "workers": args.workers, "median_s": med,
+                      "peak_rss_mb": peak, "cpu_s": cpu,
                       "load_before": load_before, "load_after": os.getloadavg(), "runs": runs}))
 
 
