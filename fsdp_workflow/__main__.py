@@ -55,8 +55,13 @@ _num_points: Optional[int] = None  # how many points the sweep has, when main() 
 
 
 def _fail_config(message: str, heading: str = "invalid config") -> None:
+    _refuse(f"fsdp_workflow: {heading}\n{message}", EXIT_USAGE)
+
+
+def _refuse(message: str, code: int) -> None:
+    """Print a refusal (:class:`fsdp_workflow.launch.pipeline.Refused`'s words) and exit with its code."""
     # Printed, not logged: a refused config must not write into the log of a run it would have replaced.
-    print(f"fsdp_workflow: {heading}\n{message}", file=sys.stderr)
+    print(message, file=sys.stderr)
     try:  # Hydra made the run dir before we ran; leave nothing behind
         from hydra.core.hydra_config import HydraConfig
 
@@ -65,7 +70,7 @@ def _fail_config(message: str, heading: str = "invalid config") -> None:
             os.rmdir(out)
     except (OSError, ValueError):
         pass  # not empty (an existing run) or no Hydra runtime
-    raise SystemExit(EXIT_USAGE)
+    raise SystemExit(code)
 
 
 def _restore_full_error_env() -> None:
@@ -104,13 +109,14 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
 
 def _task(dcfg: DictConfig) -> int:
-    """One job of Hydra: validate, lock, plan and launch; the exit code (SystemExit for a refusal)."""
+    """One job of Hydra: the submit pipeline (:mod:`fsdp_workflow.launch.pipeline`), then the launch.
+
+    Returns the exit code; a refusal prints its message and raises SystemExit.
+    """
     from omegaconf.errors import OmegaConfBaseException
 
-    from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.load import to_typed_collecting
-    from fsdp_workflow.plan.checks import check
-    from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
+    from fsdp_workflow.launch.pipeline import NO_EXPERIMENT_HINT, Refused, lock_run_dir, validated, write_checked
 
     try:
         cfg, unknown = to_typed_collecting(dcfg)
@@ -120,37 +126,28 @@ def _task(dcfg: DictConfig) -> int:
     from fsdp_workflow.core.logs import set_level
 
     set_level(cfg.log_level.value)  # the package's level for the rest of the command
-    report = check(cfg)
-    # Every problem in one report: unknown keys first, then the rules', then the run directory's.
-    report.errors[:0] = [*_pending_issues, *unknown]
-    problem = run_dir_problem(cfg.run_dir)
-    if problem is not None:
-        report.errors.append(problem)
-    elif not report.errors:
-        try:
-            check_run_dir_reuse(cfg)
-        except ConfigError as err:
-            report.errors.extend(err.issues)
-    if report.errors:
-        # Printed, not logged, like the errors: nothing may reach the log of a run this refuses.
-        for note in report.notes:
-            print(f"fsdp_workflow: note: {note}", file=sys.stderr)
-        for warning in report.warnings:
-            print(f"fsdp_workflow: warning: {warning.format()}", file=sys.stderr)
-        try:
-            report.raise_if_errors()
-        except ConfigError as err:
-            if _no_experiment:
-                _fail_config(f"{err}\n  (no experiment selected: these are the base defaults; "
-                             "add +experiment=smoke for the smoke run's values)")
-            _fail_config(str(err))
-    lock = _lock_run_dir(cfg)  # before the first write, and before anything is logged into the run
     try:
-        for note in report.notes:
-            log.info("fsdp_workflow: note: %s", note)
-        for warning in report.warnings:
-            log.warning("fsdp_workflow: warning: %s", warning.format())
-        return _plan_and_launch(cfg, lock)
+        # Every problem in one report: unknown keys first, then the rules', then the run directory's.
+        report = validated(cfg, first=[*_pending_issues, *unknown],
+                           hint=NO_EXPERIMENT_HINT if _no_experiment else "")
+    except Refused as err:
+        # Printed, not logged, like the errors: nothing may reach the log of a run this refuses.
+        for note in err.report.notes if err.report else []:
+            print(f"fsdp_workflow: note: {note}", file=sys.stderr)
+        for warning in err.report.warnings if err.report else []:
+            print(f"fsdp_workflow: warning: {warning.format()}", file=sys.stderr)
+        _refuse(str(err), err.exit_code)
+    try:  # before the first write, and before anything is logged into the run
+        lock = lock_run_dir(cfg, "planning and launching the run (python -m fsdp_workflow)")
+    except Refused as err:
+        _refuse(str(err), err.exit_code)
+    try:
+        try:
+            plan = write_checked(cfg, report)
+        except Refused as err:
+            lock.release()
+            _refuse(str(err), err.exit_code)
+        return _launch(cfg, plan, lock)
     finally:
         lock.release()
 
@@ -166,26 +163,6 @@ def _point_num() -> int:
     from hydra.core.hydra_config import HydraConfig
 
     return int(HydraConfig.get().job.num)
-
-
-def _lock_run_dir(cfg) -> Any:
-    """Take ``RUN_DIR/.lock`` now, or exit 2 naming who holds it (host, pid, Slurm job)."""
-    from fsdp_workflow.config.schema import run_layout
-    from fsdp_workflow.core.lock import LockHeld, LockUnsupported, acquire
-
-    layout = run_layout(cfg)
-    try:
-        return acquire(layout.lock, "planning and launching the run (python -m fsdp_workflow)",
-                       subject=f"run_dir {layout.root}")
-    except LockHeld as err:
-        _fail_config(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n"
-                     "    fix: wait for that command to end, or plan into another run_dir",
-                     heading="run directory in use")
-    except LockUnsupported as err:
-        _fail_config(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n"
-                     "    fix: a run_dir on a filesystem with flock (a local disk, NFS with locking, "
-                     "Lustre mounted -o flock)", heading="run directory cannot be locked")
-    raise AssertionError("unreachable")
 
 
 def _record_sweep_point(dcfg: DictConfig, rc: int) -> str:
@@ -232,33 +209,11 @@ def _sweep_summary(codes: List[int], num_points: Optional[int]) -> str:
     return line
 
 
-def _plan_and_launch(cfg, lock) -> int:
-    """Write the run directory, then submit or run it, all under ``lock`` (the caller releases it)."""
-    from pathlib import Path
-
-    from fsdp_workflow.plan.estimate import memory_warning, summary_lines
-    from fsdp_workflow.plan.run_dir import InputsChanged, write_run_dir, written_names
+def _launch(cfg, plan, lock) -> int:
+    """Submit the written run, or run it here under ``lock`` (the caller releases it); a dry run stops here."""
+    from fsdp_workflow.plan.run_dir import written_names
     from fsdp_workflow.plan.spec import is_slurm
 
-    from fsdp_workflow.launch.chain_guard import live_chain_problem
-
-    live = live_chain_problem(Path(cfg.run_dir))  # before planning rewrites what a queued chain will run
-    if live:
-        lock.release()
-        print(f"fsdp_workflow: refused: {live}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-    try:
-        plan = write_run_dir(cfg)
-    except InputsChanged as err:  # a finished run, on other data or another model directory
-        lock.release()
-        _fail_config(str(err), heading="the inputs of this finished run changed; nothing run")
-    except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text
-        lock.release()
-        _fail_config(f"  {err}" if not str(err).startswith("found ") else str(err))
-    log.info("%s", "\n".join("  " + line for line in summary_lines(cfg)))
-    warning = memory_warning(cfg)
-    if warning:
-        log.warning("fsdp_workflow: warning: %s", warning)
     if cfg.dry_run:
         print(f"dry run: wrote {plan.run_dir} ({', '.join(written_names(plan))}); nothing submitted.")
         print("submit the same chain later with: " + shlex.join(["bash", str(plan.layout.script(SUBMIT_SCRIPT))]))

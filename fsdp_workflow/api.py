@@ -23,7 +23,6 @@ that could never run the chain; 1 when ``sbatch`` failed otherwise.
 
 from __future__ import annotations
 
-import logging
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -33,18 +32,14 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tupl
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 
 if TYPE_CHECKING:
-    from fsdp_workflow.config.errors import Issue
+    from fsdp_workflow.config.errors import Issue, ValidationReport
     from fsdp_workflow.config.schema import WorkflowConfig
     from fsdp_workflow.launch.handles import ChainJob
-    from fsdp_workflow.plan.jobs import LaunchPlan
-
-log = logging.getLogger(__name__)
+    from fsdp_workflow.launch.pipeline import Refused
 
 # What the CLI records as argv[0] when run as ``python -m fsdp_workflow``: provenance.json's
 # command, from which status and the launcher build resume commands.
 _CLI_PROGRAM = str(Path(__file__).resolve().with_name("__main__.py"))
-_NO_EXPERIMENT_HINT = ("\n  (no experiment selected: these are the base defaults; "
-                       "add +experiment=smoke for the smoke run's values)")
 
 
 class SubmitError(RuntimeError):
@@ -121,7 +116,7 @@ def _invalid(body: str, issues: Sequence["Issue"] = (), heading: str = "invalid 
     return SubmitError(f"fsdp_workflow: {heading}\n{body}", EXIT_USAGE, issues)
 
 
-def _validated(overrides: List[str]) -> "WorkflowConfig":
+def _validated(overrides: List[str]) -> Tuple["WorkflowConfig", "ValidationReport"]:
     """Compose and validate as the CLI's task does; every problem in one :class:`SubmitError`."""
     import yaml
     from hydra.errors import HydraException
@@ -130,8 +125,7 @@ def _validated(overrides: List[str]) -> "WorkflowConfig":
     from fsdp_workflow.config.errors import ConfigError, Issue
     from fsdp_workflow.config.hydra_errors import describe
     from fsdp_workflow.config.load import compose_collecting, experiment_selected, normalize_overrides
-    from fsdp_workflow.plan.checks import check
-    from fsdp_workflow.plan.run_dir import check_run_dir_reuse, run_dir_problem
+    from fsdp_workflow.launch.pipeline import NO_EXPERIMENT_HINT, Refused, validated
     from fsdp_workflow.plan.spec import is_slurm
 
     flags = [o for o in overrides if o.startswith("-")]
@@ -151,76 +145,40 @@ def _validated(overrides: List[str]) -> "WorkflowConfig":
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         raise _invalid(f"  {key}: {err}" if key else f"  {err}") from None
-    report = check(cfg)
-    errors = [*unknown, *report.errors]
-    problem = run_dir_problem(cfg.run_dir)
-    if problem is not None:
-        errors.append(problem)
-    elif not errors:
-        try:
-            check_run_dir_reuse(cfg)
-        except ConfigError as err:
-            errors.extend(err.issues)
+    mine: List[Issue] = []  # this API's own problems, after the pipeline's
     if not is_slurm(cfg):
-        errors.append(Issue("cluster.kind", cfg.cluster.kind.name, "fsdp_workflow.submit submits to Slurm",
-                            "add cluster=slurm (and cluster.partition=...), or run on this machine with "
-                            "python -m fsdp_workflow"))
+        mine.append(Issue("cluster.kind", cfg.cluster.kind.name, "fsdp_workflow.submit submits to Slurm",
+                          "add cluster=slurm (and cluster.partition=...), or run on this machine with "
+                          "python -m fsdp_workflow"))
     if cfg.dry_run:
-        errors.append(Issue("dry_run", True, "fsdp_workflow.submit submits; a dry run submits nothing",
-                            "leave dry_run out, or plan with python -m fsdp_workflow dry_run=true"))
-    if errors:
-        hint = _NO_EXPERIMENT_HINT if experiment_selected(normalize_overrides(overrides)) is None else ""
-        raise _invalid(f"{ConfigError(errors)}{hint}", errors)
-    for note in report.notes:
-        log.info("fsdp_workflow: note: %s", note)
-    for warning in report.warnings:
-        log.warning("fsdp_workflow: warning: %s", warning.format())
-    return cfg
+        mine.append(Issue("dry_run", True, "fsdp_workflow.submit submits; a dry run submits nothing",
+                          "leave dry_run out, or plan with python -m fsdp_workflow dry_run=true"))
+    hint = NO_EXPERIMENT_HINT if experiment_selected(normalize_overrides(overrides)) is None else ""
+    try:
+        return cfg, validated(cfg, first=unknown, last=mine, hint=hint)
+    except Refused as err:
+        raise _again(err) from None
 
 
-def _plan(cfg: "WorkflowConfig", overrides: List[str]) -> "LaunchPlan":
-    """Write the run directory (the caller holds its lock); refuse while a chain of it is live."""
+def _again(err: "Refused") -> SubmitError:
+    """The pipeline's refusal as this API's error: the same words and exit code."""
+    return SubmitError(str(err), err.exit_code, err.issues)
+
+
+def _submitted(cfg: "WorkflowConfig", report: "ValidationReport", overrides: List[str]) -> Chain:
+    """The CLI's own pipeline, once the lock is held: write the run directory, submit its chain."""
     from fsdp_workflow.config.load import normalize_overrides
-    from fsdp_workflow.launch.chain_guard import live_chain_problem
-    from fsdp_workflow.plan.estimate import memory_warning
-    from fsdp_workflow.plan.run_dir import write_run_dir
-
-    live = live_chain_problem(Path(cfg.run_dir))  # before planning rewrites what a queued chain will run
-    if live:
-        raise SubmitError(f"fsdp_workflow: refused: {live}", EXIT_USAGE)
-    try:
-        plan = write_run_dir(cfg, command=[_CLI_PROGRAM, *normalize_overrides(overrides)])
-    except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text
-        raise _invalid(f"  {err}" if not str(err).startswith("found ") else str(err)) from None
-    warning = memory_warning(cfg)
-    if warning:
-        log.warning("fsdp_workflow: warning: %s", warning)
-    return plan
-
-
-def _submitted(cfg: "WorkflowConfig", plan: "LaunchPlan") -> Chain:
-    """Submit through the CLI's own path (:func:`fsdp_workflow.launch.slurm.submit_recorded`)."""
-    from fsdp_workflow.launch import slurm
-    from fsdp_workflow.launch.chain_guard import finished_message, live_chain_problem
     from fsdp_workflow.launch.handles import ChainJob
+    from fsdp_workflow.launch.pipeline import Refused, write_checked
+    from fsdp_workflow.launch.slurm import submit_checked
 
-    problem = live_chain_problem(plan.run_dir)
-    if problem:
-        raise SubmitError(f"fsdp_workflow: {problem}", EXIT_USAGE)
-    done, rc = finished_message(plan.layout, plan.max_steps, plan.consolidate is not None)
-    if done:
-        if rc:
-            raise SubmitError(f"fsdp_workflow: {done}", rc)
-        return Chain(plan.run_dir, (), note=done)
     try:
-        submitted = slurm.submit_recorded(cfg, plan)
-    except slurm.ClusterLimitError as err:
-        raise _invalid(str(err), err.issues) from None
-    except slurm.SubmissionError as err:
-        refused = slurm.as_config_error(cfg, err)
-        if refused is not None:
-            raise _invalid(str(refused), refused.issues) from None
-        raise SubmitError(f"fsdp_workflow: submission failed: {err}", 1) from None
+        plan = write_checked(cfg, report, command=[_CLI_PROGRAM, *normalize_overrides(overrides)])
+        submitted, done = submit_checked(cfg, plan)
+    except Refused as err:
+        raise _again(err) from None
+    if done:
+        return Chain(plan.run_dir, (), note=done)
     layout = plan.layout
     return Chain(plan.run_dir, tuple(
         ChainJob(layout.logs, s.job_id, role=s.job.role, log=layout.log_file(s.job.role, s.job_id),
@@ -248,8 +206,7 @@ def submit(overrides: Optional[Sequence[str]] = None) -> Chain:
             has a chain still queued, or the cluster could never run the chain (nothing is
             left in the queue); 1 when ``sbatch`` failed otherwise.
     """
-    from fsdp_workflow.config.schema import run_layout
-    from fsdp_workflow.core.lock import LockHeld, LockUnsupported, acquire
+    from fsdp_workflow.launch.pipeline import Refused, lock_run_dir
 
     if isinstance(overrides, (str, bytes)):  # iterated, it would be one override per character
         text = overrides.decode() if isinstance(overrides, bytes) else overrides
@@ -260,17 +217,13 @@ def submit(overrides: Optional[Sequence[str]] = None) -> Chain:
         raise _invalid(f"  overrides = {text!r}\n    why: fsdp_workflow.submit takes a list of overrides, one per "
                        f"word, not one string\n    fix: fsdp_workflow.submit({words!r})")
     ov = [str(o) for o in (overrides or [])]
-    cfg = _validated(ov)
-    layout = run_layout(cfg)
+    cfg, report = _validated(ov)
     try:
-        lock = acquire(layout.lock, "planning and submitting the run (fsdp_workflow.submit)",
-                       subject=f"run_dir {layout.root}")
-    except (LockHeld, LockUnsupported) as err:
-        heading = "run directory in use" if isinstance(err, LockHeld) else "run directory cannot be locked"
-        raise _invalid(f"  run_dir = {cfg.run_dir!r}\n    why: {err}\n    fix: wait for that command to end, "
-                       "or plan into another run_dir", heading=heading) from None
+        lock = lock_run_dir(cfg, "planning and submitting the run (fsdp_workflow.submit)")
+    except Refused as err:
+        raise _again(err) from None
     try:
-        return _submitted(cfg, _plan(cfg, ov))
+        return _submitted(cfg, report, ov)
     finally:
         lock.release()
 

@@ -26,16 +26,16 @@ import logging
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.errors import ConfigError, Issue
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.launch import pending
 from fsdp_workflow.launch.chain_guard import finished_message, live_chain_problem
 from fsdp_workflow.launch.cluster_check import check_chain, skipped_line
 from fsdp_workflow.launch.cluster_info import ClusterUnreachable, read_cluster
+from fsdp_workflow.launch.pipeline import Refused, refused
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
 from fsdp_workflow.plan.render import shell_join
 
@@ -217,12 +217,6 @@ def refuse_never_starting(cfg: WorkflowConfig, submitted: List[Submitted]) -> No
     raise ClusterLimitError(pending.issues(cfg, stuck), note)
 
 
-def _print_config_error(err: ClusterLimitError) -> int:
-    # The same shape as the CLI's other invalid configs (__main__._fail_config), printed, not logged.
-    print(f"fsdp_workflow: invalid config\n{err}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def as_config_error(cfg: WorkflowConfig, err: SubmissionError) -> Optional[ClusterLimitError]:
     """sbatch's refusal of an option we set, as a config error naming the key (exit 2); else None (exit 1)."""
     refused = sbatch_refusal_issue(cfg, err)
@@ -254,34 +248,56 @@ def submit_recorded(cfg: WorkflowConfig, plan: LaunchPlan) -> List[Submitted]:
     return submitted
 
 
+def submit_checked(cfg: WorkflowConfig, plan: LaunchPlan) -> Tuple[List[Submitted], str]:
+    """The pipeline's last step (:mod:`fsdp_workflow.launch.pipeline`): submit a written run, or say why not.
+
+    Returns:
+        The jobs as submitted, in chain order, and ``""``; or no jobs and the line saying
+        that the run is already complete (nothing submitted).
+
+    Raises:
+        Refused: exit 2 when a chain of the run directory is still queued or running, when
+            the cluster could never start it or sbatch refused an option we set (the key
+            named; nothing left in the queue), or an old model must be moved first; exit 1
+            when sbatch failed otherwise.
+    """
+    problem = live_chain_problem(plan.run_dir)  # asked before planning too; this is the last word
+    if problem:
+        raise Refused(f"fsdp_workflow: {problem}")
+    done, rc = finished_message(plan.layout, plan.max_steps, plan.consolidate is not None)
+    if done:
+        if rc:
+            raise Refused(f"fsdp_workflow: {done}", rc)
+        return [], done
+    try:
+        return submit_recorded(cfg, plan), ""
+    except ClusterLimitError as err:
+        raise refused(str(err), issues=err.issues) from None
+    except SubmissionError as err:
+        limit = as_config_error(cfg, err)
+        if limit is not None:  # an option we set: the key, like any invalid config (exit 2)
+            raise refused(str(limit), issues=limit.issues) from None
+        raise Refused(f"fsdp_workflow: submission failed: {err}", 1) from None
+
+
 def submit(cfg: WorkflowConfig, plan: LaunchPlan) -> int:
     """Check the chain against the cluster, submit it, record it in RUN_DIR/jobs.txt; never waits for it to run.
 
     Returns:
         0 when every job was submitted, or the run is already complete (nothing submitted);
-        2 when a chain of the run directory is still queued or running, when the cluster
-        could never start it or sbatch refused an option we set (the key named; nothing
-        left in the queue), or an old model must be moved first; 1 when sbatch failed
-        otherwise (a message says why).
+        otherwise :func:`submit_checked`'s refusal's code, its message printed (exit 1: logged).
     """
-    problem = live_chain_problem(plan.run_dir)  # the CLI asks first, before planning; this is the last word
-    if problem:
-        print(f"fsdp_workflow: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    done, rc = finished_message(plan.layout, plan.max_steps, plan.consolidate is not None)
-    if done:
-        print(f"fsdp_workflow: {done}", file=sys.stderr if rc else sys.stdout)
-        return rc
     try:
-        submitted = submit_recorded(cfg, plan)
-    except ClusterLimitError as err:
-        return _print_config_error(err)
-    except SubmissionError as err:
-        refused = as_config_error(cfg, err)
-        if refused is not None:  # an option we set: the key, like any invalid config (exit 2)
-            return _print_config_error(refused)
-        log.error("fsdp_workflow: submission failed: %s", err)
-        return 1
+        submitted, done = submit_checked(cfg, plan)
+    except Refused as err:
+        if err.exit_code == 1:  # sbatch failed: into the run's log as well
+            log.error("%s", err)
+        else:
+            print(err, file=sys.stderr)
+        return err.exit_code
+    if done:
+        print(f"fsdp_workflow: {done}")
+        return 0
     train = next(s for s in submitted if s.job is plan.train)
     for s in submitted:
         if s is train:
