@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import subprocess
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -37,15 +36,11 @@ from fsdp_workflow.config.record import open_run
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.plan.render import TERMINAL_STATES
+from fsdp_workflow.core.slurm_queue import SlurmQueue, SlurmUnreachable
 
 log = logging.getLogger(__name__)
 
 SQUEUE_TIMEOUT_S = 30
-
-
-class SlurmUnreachable(RuntimeError):
-    """squeue did not answer: whether a chain is live cannot be told."""
 
 
 def live_jobs(layout: RunDir) -> List[Tuple[str, str, str, str]]:
@@ -58,22 +53,9 @@ def live_jobs(layout: RunDir) -> List[Tuple[str, str, str, str]]:
     if not submitted:
         return []
     roles = {job_id: role for role, job_id in submitted}
-    argv = ["squeue", "-h", "-j", ",".join(roles), "-o", "%i|%T|%r"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as err:
-        raise SlurmUnreachable(f"squeue: {err}") from err
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip()
-        if "Invalid job id" in msg:  # every id is forgotten: nothing is live
-            return []
-        raise SlurmUnreachable(f"squeue failed: {msg or proc.returncode}")
-    out = []
-    for line in proc.stdout.splitlines():
-        cols = line.strip().split("|")
-        if len(cols) >= 2 and cols[0] in roles and cols[1] not in TERMINAL_STATES:
-            out.append((roles[cols[0]], cols[0], cols[1], cols[2] if len(cols) > 2 else ""))
-    return out
+    queue = SlurmQueue(SQUEUE_TIMEOUT_S).squeue(list(roles))
+    return [(roles[i], i, job.state.value, job.reason) for i, job in queue.items()
+            if i in roles and not job.state.ended]
 
 
 def live_chain_problem(run_dir: Path) -> Optional[str]:

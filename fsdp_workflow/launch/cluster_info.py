@@ -24,15 +24,15 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence
 
+from fsdp_workflow.core.slurm_queue import SlurmUnreachable, parse_record
+
 COMMAND_TIMEOUT_S = 20  # a login node's slurmctld may be slow; never hang a submission on it
 
-# Key=Value tokens of one ``-o`` record; values may hold spaces (``OS=Linux 6.1 #1 SMP``).
-_FIELD_SPLIT = re.compile(r" +(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 _UNLIMITED = {"UNLIMITED", "INFINITE", "NONE", "N/A", ""}
 
 
-class ClusterUnreachable(RuntimeError):
-    """A Slurm command is missing or did not answer; the message says which and why."""
+class ClusterUnreachable(SlurmUnreachable):
+    """A Slurm command reading the cluster's limits is missing or did not answer; the message says which and why."""
 
 
 def run_slurm(argv: Sequence[str]) -> str:
@@ -51,16 +51,6 @@ def run_slurm(argv: Sequence[str]) -> str:
         msg = (proc.stderr or proc.stdout).strip() or f"exit code {proc.returncode}"
         raise ClusterUnreachable(f"`{' '.join(argv)}` failed: {msg}")
     return proc.stdout
-
-
-def parse_record(line: str) -> Dict[str, str]:
-    """One ``scontrol -o show ...`` line as ``{Key: Value}``."""
-    out: Dict[str, str] = {}
-    for token in _FIELD_SPLIT.split(line.strip()):
-        key, sep, value = token.partition("=")
-        if sep:
-            out[key] = value.strip()
-    return out
 
 
 def slurm_minutes(text: str) -> Optional[float]:

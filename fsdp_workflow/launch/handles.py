@@ -23,32 +23,24 @@ not heard of a new job yet, sacct says nothing and the state would stay UNKNOWN,
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any, Set, Tuple
 
 from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
+from fsdp_workflow.core.slurm_queue import JobState, SlurmQueue
+
 SCONTROL_TIMEOUT_S = 30
 # submitit polls at 0, 2, 4, 8 s... then at most every delay_s: a chain's last job
 # is seen ended within this many seconds (submitit's own default is 600).
 WATCH_DELAY_S = 15
-_NOT_ENDED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "UNKNOWN")
 _LOG_TAIL_CHARS = 3000
 
 
 def scontrol_state(job_id: str) -> str:
     """``JobState`` from ``scontrol show job`` ("" when Slurm no longer knows the job or does not answer)."""
-    try:
-        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    for field in proc.stdout.split():
-        if field.startswith("JobState="):
-            return field.split("=", 1)[1]
-    return ""
+    return (SlurmQueue(SCONTROL_TIMEOUT_S).show_job(job_id) or {}).get("JobState", "")
 
 
 class _Watcher(SlurmInfoWatcher):
@@ -124,7 +116,7 @@ class ChainJob(SlurmJob):
         state = self.watcher.get_state(self.job_id, mode="force")
         if state.upper().startswith("COMPLETED"):
             return "success", None
-        if (state.upper().split() or ["UNKNOWN"])[0] in _NOT_ENDED:
+        if not JobState.parse(state).ended:
             raise UncompletedJobError(f"the {self.role} job {self.job_id} has not ended (state: {state})")
         log = self.stdout() or ""
         return "error", (f"the {self.role} job {self.job_id} ended {state}; the end of its log "

@@ -19,6 +19,7 @@ from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.launch.cluster_check import option_key
 from fsdp_workflow.core.reasons import POLL_S, WATCH_S, Reason, explain
+from fsdp_workflow.core.slurm_queue import JobState, QueuedJob, SlurmQueue, SlurmUnreachable
 from fsdp_workflow.plan.jobs import NOUN, SbatchJob
 
 GONE_S = 15.0  # how long to wait for cancelled jobs to leave squeue
@@ -38,22 +39,12 @@ class Stuck:
     reason: Reason
 
 
-def read_queue(job_ids: Sequence[str]) -> Optional[Dict[str, Tuple[str, str]]]:
-    """``{id: (state, reason)}`` for the jobs squeue still lists; None when squeue does not answer."""
+def read_queue(job_ids: Sequence[str]) -> Optional[Dict[str, QueuedJob]]:
+    """The jobs squeue still lists, by id; None when squeue does not answer."""
     try:
-        proc = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        return SlurmQueue().squeue(job_ids)
+    except SlurmUnreachable:
         return None
-    if proc.returncode != 0:
-        # "Invalid job id specified": every job already left the queue
-        return {} if "Invalid job id" in proc.stderr else None
-    out = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 3:
-            out[parts[0]] = (parts[1], parts[2])
-    return out
 
 
 def watch(jobs: Sequence[Tuple[SbatchJob, str]], seconds: float = WATCH_S) -> List[Stuck]:
@@ -79,9 +70,9 @@ def watch(jobs: Sequence[Tuple[SbatchJob, str]], seconds: float = WATCH_S) -> Li
         queue = read_queue(list(ids))
         if queue is None:
             return stuck
-        stuck = [Stuck(ids[i], i, explain(reason)) for i, (state, reason) in queue.items()
-                 if state == "PENDING" and i in ids and explain(reason).never]
-        settled = all(state != "PENDING" or reason not in ("None", "") for state, reason in queue.values())
+        stuck = [Stuck(ids[i], i, explain(q.reason)) for i, q in queue.items()
+                 if q.state is JobState.PENDING and i in ids and explain(q.reason).never]
+        settled = all(q.state is not JobState.PENDING or q.reason not in ("None", "") for q in queue.values())
         if (settled and not stuck) or time.monotonic() >= deadline:
             return stuck
         time.sleep(POLL_S)
@@ -93,7 +84,7 @@ def cancel_and_wait(job_ids: Sequence[str]) -> List[str]:
     deadline = time.monotonic() + GONE_S
     while True:
         queue = read_queue(job_ids)
-        left = [i for i, (state, _) in (queue or {}).items() if state not in ("CANCELLED", "COMPLETED", "FAILED")]
+        left = [i for i, q in (queue or {}).items() if not q.state.ended]
         if (queue is not None and not left) or time.monotonic() >= deadline:
             return left
         time.sleep(POLL_S)

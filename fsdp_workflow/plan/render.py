@@ -18,6 +18,7 @@ from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
 from fsdp_workflow.core.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
+from fsdp_workflow.core.slurm_queue import SQUEUE_FORMAT, TERMINAL_STATES
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     EVAL_SBATCH,
@@ -199,11 +200,6 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
         # from the checkout would import the checkout, edited since, instead of the snapshot (Python >= 3.11).
         lines.append("export PYTHONSAFEPATH=1")
     return lines
-
-
-# Slurm states after which a job never runs again: anything else in squeue is a live chain.
-TERMINAL_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
 
 
 def exit_record_lines(role: str, on_term: bool) -> List[str]:
@@ -556,7 +552,7 @@ def pending_watch_lines(plan: LaunchPlan) -> List[str]:
         "}",
         'stuck=""',
         f"for _ in $(seq {int(WATCH_S / POLL_S)}); do",
-        '  out=$(squeue -h -j "' + ",".join(ids) + '" -o "%i|%T|%r" 2>/dev/null) || break',
+        '  out=$(squeue -h -j "' + ",".join(ids) + '" -o "' + SQUEUE_FORMAT + '" 2>/dev/null) || break',
         '  stuck=""; settled=1',
         "  while IFS='|' read -r id state reason; do",
         '    [ "$state" = PENDING ] || continue',

@@ -11,27 +11,16 @@ so :mod:`.eta` can name the type without an import cycle.
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.core.job_exit import explain
 from fsdp_workflow.core.reasons import explain as explain_reason
+from fsdp_workflow.core.slurm_queue import JobState, SlurmQueue
 
-# Slurm job state -> what the user is told.
-_STATES = {
-    "PENDING": "queued", "CONFIGURING": "queued", "RESV_DEL_HOLD": "queued", "REQUEUE_FED": "requeued",
-    "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued",
-    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
-    "SUSPENDED": "running", "RESIZING": "running", "STOPPED": "running",
-    "COMPLETED": "done",
-    "CANCELLED": "cancelled", "REVOKED": "cancelled",
-    "FAILED": "failed", "TIMEOUT": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed", "DEADLINE": "failed", "PREEMPTED": "failed", "SPECIAL_EXIT": "failed",
-}
-_FIELD_SPLIT = re.compile(r" (?=[A-Za-z][A-Za-z0-9_/:]*=)")
+_QUEUE = SlurmQueue(timeout_s=15)  # status answers quickly, even from a busy login node
 # train.sbatch logs "[fsdp_workflow] train job N restart K/MAX ..." at every start (and when it refuses one).
 _RESTART_LINE = re.compile(r"^\[fsdp_workflow\] .*\brestart (\d+)/(\d+)\b")
 # What train.sbatch says when the requeues are spent (either route); shown as a note.
@@ -58,52 +47,12 @@ class JobStatus:
     record: Optional[dict] = None  # its exit record, job_exits/<role>-<id>.json
 
 
-def _run(argv: List[str], timeout_s: float = 15) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.SubprocessError) as err:
-        return subprocess.CompletedProcess(argv, 127, "", str(err))
-
-
 def classify(slurm_state: str, restarts: int, reason: str) -> str:
     """Our status word for a Slurm state; a pending job that ran before is ``requeued``."""
-    state = slurm_state.split()[0].rstrip("+") if slurm_state else ""
-    status = _STATES.get(state, "unknown")
+    status = JobState.parse(slurm_state).word
     if status == "queued" and restarts > 0:
         return "requeued"
     return status
-
-
-def _from_scontrol(job_id: str) -> Optional[Dict[str, str]]:
-    proc = _run(["scontrol", "-o", "show", "job", job_id])
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return None
-    rec: Dict[str, str] = {}
-    for token in _FIELD_SPLIT.split(proc.stdout.splitlines()[0].strip()):
-        key, sep, value = token.partition("=")
-        if sep:
-            rec[key] = value
-    return rec
-
-
-def _from_sacct(job_id: str) -> tuple:
-    """(record or None, note). sacct may be disabled: the note says so.
-
-    sacct has no restart count (22.05 refuses a ``Restarts`` field): :func:`job_status`
-    takes it from the training log instead.
-    """
-    proc = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,Reason"])
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip()
-        if "disabled" in msg.lower():
-            return None, "sacct: job accounting is disabled on this cluster"
-        return None, f"sacct failed: {msg}" if msg else "sacct unavailable"
-    for line in proc.stdout.splitlines():
-        cols = line.split("|")
-        if len(cols) >= 2 and cols[0] == job_id:
-            cols += [""] * (4 - len(cols))
-            return {"JobState": cols[1], "ExitCode": cols[2], "Reason": cols[3]}, ""
-    return None, "unknown to sacct"
 
 
 def _log_for(record: RunRecord, role: str, job_id: str) -> Optional[str]:
@@ -147,9 +96,9 @@ def job_status(record: RunRecord, role: str, job_id: str) -> JobStatus:
         The job's status; ``unknown`` when neither Slurm nor an exit record knows it.
     """
     layout = record.layout
-    rec, source = _from_scontrol(job_id), "scontrol"
+    rec, source = _QUEUE.show_job(job_id), "scontrol"
     if rec is None:
-        rec, note = _from_sacct(job_id)
+        rec, note = _QUEUE.sacct(job_id)
         source = "sacct" if rec is not None else f"slurmctld no longer knows the job; {note}"
     st = JobStatus(role=role, job_id=job_id, status="unknown", source=source, log=_log_for(record, role, job_id))
     if rec is not None:
