@@ -25,7 +25,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 import fsdp_workflow
-from fsdp_workflow.core import rundir
+from fsdp_workflow.core import modeldir, rundir
 
 PACKAGE = Path(fsdp_workflow.__file__).parent
 
@@ -235,6 +235,26 @@ def test_run_dir_names_live_in_one_module() -> None:
         if name != RUN_DIR_MODULE:
             offences += [f"{name}: {o}" for o in _literal_offences(path)]
     assert offences == [], "ask fsdp_workflow.core.rundir for these paths:\n" + "\n".join(offences)
+
+
+# ---------------------------------------------------------------- model-directory names
+MODEL_DIR_MODULE = "fsdp_workflow.core.modeldir"
+MODEL_DIR_NAMES = {value for key, value in vars(modeldir).items() if key.endswith("_FILE")}
+
+
+def _model_dir_offences(path: Path) -> List[str]:
+    """A model directory's name (``verification.json``...) as a whole string, or after a ``/``."""
+    return [f"{path.name}:{line}: {text!r}" for line, text in _string_constants(ast.parse(path.read_text()))
+            if text in MODEL_DIR_NAMES or any(text.endswith("/" + n) for n in MODEL_DIR_NAMES)]
+
+
+def test_model_dir_names_live_in_one_module() -> None:
+    assert {"verification.json", "model.safetensors.index.json", "README.md"} <= MODEL_DIR_NAMES
+    offences = []
+    for name, path in _modules().items():
+        if name != MODEL_DIR_MODULE:
+            offences += [f"{name}: {o}" for o in _model_dir_offences(path)]
+    assert offences == [], "ask fsdp_workflow.core.modeldir for these names:\n" + "\n".join(offences)
 
 
 @pytest.mark.parametrize("literal", ['CKPT = "checkpoints"', 'p = run_dir / "hf_model"', 'name = f"step-{n}"',

@@ -34,10 +34,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from fsdp_workflow.config import hf_source
 from fsdp_workflow.config.errors import show_value
 from fsdp_workflow.config.schema import ModelConfig, ModelInit, WorkflowConfig
+from fsdp_workflow.core.modeldir import INDEX_FILE, SINGLE_FILE
 
 CONFIG_FILE = "config.json"
 DEFAULT_ATTENTION = ModelConfig.attn_implementation  # the schema's default, sdpa
-WEIGHT_GLOBS = ("model.safetensors", "model-*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+WEIGHT_GLOBS = (SINGLE_FILE, "model-*.safetensors", INDEX_FILE, "pytorch_model.bin",
                 "pytorch_model-*.bin", "pytorch_model.bin.index.json", "consolidated*.safetensors")
 # A tokenizer transformers can load offline: a fast one's tokenizer.json, or a slow one's vocabulary.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "tiktoken.model")

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from fsdp_workflow.core.job_exit import read_record
+from fsdp_workflow.core.modeldir import VERIFICATION_FILE
 from fsdp_workflow.core.rundir import PathLike, RunDir
 
 if TYPE_CHECKING:
     from fsdp_workflow.config.schema import WorkflowConfig
 
-VERIFICATION_FILE = "verification.json"  # the consolidator's report, inside the model directory
 
 
 @dataclass(frozen=True)
@@ -313,5 +313,5 @@ def open_run(root: PathLike) -> RunRecord:
     return RunRecord(root)
 
 
-__all__ = ["ModelOutput", "RunRecord", "StepRecords", "VERIFICATION_FILE", "open_run", "read_json_object",
+__all__ = ["ModelOutput", "RunRecord", "StepRecords", "open_run", "read_json_object",
            "read_steps"]

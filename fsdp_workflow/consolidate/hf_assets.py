@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_workflow.core.licences import licence_files
+from fsdp_workflow.core.modeldir import CARD_FILE
 
 from .errors import ConsolidationError
 from .keys import WRAPPER_CLASS_NAMES, fix_architecture
@@ -25,7 +26,6 @@ ASSET_FILES = (
     "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt",
     "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json",
 )
-CARD_FILE = "README.md"  # the Hub renders a repository's README.md as its model card
 # Licence texts recognised by their title (the Hub's licence identifiers, docs/hub/repositories-licenses).
 _LICENCE_TITLES: list[tuple[re.Pattern[str], dict[str, str]]] = [
     (re.compile(r"llama (2|3|3\.1|3\.2|3\.3|4) community license agreement"), {}),  # -> llama2, llama3.1...

@@ -10,12 +10,12 @@ import math
 import os
 from pathlib import Path
 
+from fsdp_workflow.core.modeldir import VERIFICATION_FILE
 from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
 from .errors import ConsolidationError, OutputExistsError
 
-VERIFICATION_FILE = "verification.json"  # what every output of this tool holds (written by .steps)
 
 
 def check_options(

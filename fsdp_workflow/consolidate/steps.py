@@ -42,14 +42,13 @@ from .verify.architecture import ArchitectureCheck, ArchResult, record_architect
 from .verify.schema import VerificationReport
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 from fsdp_workflow.core.logs import is_terminal
+from fsdp_workflow.core.modeldir import INDEX_FILE, VERIFICATION_FILE
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .verify.verifier import Outcome, Verifier
 
-INDEX_FILE = "model.safetensors.index.json"
-VERIFICATION_FILE = "verification.json"
 
 
 @dataclass

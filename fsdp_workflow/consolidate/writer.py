@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
+from fsdp_workflow.core.modeldir import SINGLE_FILE
+
 from .average import accumulate
 from .casting import cast_bytes
 from .metadata import dtype_info
@@ -83,7 +85,7 @@ def plan_files(tensors: list[OutTensor], max_shard_bytes: int) -> list[OutFile]:
     n = len(groups)
     files = []
     for i, group in enumerate(groups):
-        name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        name = SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         # Larger items first keeps every tensor aligned to its element size.
         ordered = sorted(group, key=lambda t: -dtype_info(t.dtype)[1])
         header: dict = {"__metadata__": {"format": "pt"}}

@@ -7,6 +7,9 @@
 * :mod:`safe_pickle` - allow-list unpickling of checkpoint metadata, shared by the
   trainer's resume and the consolidator.
 * :mod:`envnames` - the rules for environment variable names.
+* :mod:`modeldir` - the names inside a model directory (``verification.json``, the card, the index).
+* :mod:`slurm_queue` - Slurm's queue read in one place: job states, ``squeue``, ``scontrol -o``,
+  ``sacct`` (here until the scheduler backends get a package: plan and report read it too).
 
 Nothing here imports another ``fsdp_workflow`` package, Hydra, torch (at import
 time) or anything Slurm; every stage may import it (``tests/test_imports.py``).

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fsdp_workflow.consolidate import ConsolidationError, consolidate
+from fsdp_workflow.core.modeldir import VERIFICATION_FILE
 from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, QUARANTINE_SUFFIX, step_name
 from fsdp_workflow.train.heldout import DataError
 
@@ -86,7 +87,7 @@ def why_absent(run: EvalRun, step: int) -> str:
     held = [s for s, _ in layout.list_checkpoints()]
     if any(s > step for s in held):
         return f"{layout.step_dir(step)} is gone (pruned by keep_last before this job ran)"
-    if run.cfg.consolidate.remove_sharded and (layout.hf_model / "verification.json").is_file():
+    if run.cfg.consolidate.remove_sharded and (layout.hf_model / VERIFICATION_FILE).is_file():
         return f"{layout.step_dir(step)} was removed after its verified consolidation (consolidate.remove_sharded=true)"
     holds = ", ".join(step_name(s) for s in held) or "no complete checkpoint yet"
     raise NoSuchCheckpoint(f"{layout.step_dir(step)}: no such checkpoint ({layout.checkpoints} holds {holds}); "

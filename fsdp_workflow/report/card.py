@@ -34,19 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_workflow.config.record import VERIFICATION_FILE, RunRecord, StepRecords, open_run, read_json_object
+from fsdp_workflow.config.record import RunRecord, StepRecords, open_run, read_json_object
 from fsdp_workflow.config.schema import DataSource, ModelInit, WorkflowConfig
-from fsdp_workflow.consolidate.hf_assets import CARD_FILE, copy_licenses, licence_files, licence_metadata
+from fsdp_workflow.consolidate.hf_assets import copy_licenses, licence_files, licence_metadata
 from fsdp_workflow.consolidate.layout import step_of
 from fsdp_workflow.consolidate.nonfinite import describe as describe_nonfinite
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.modeldir import CARD_FILE, CURVE_FILE, VERIFICATION_FILE
 from fsdp_workflow.core.rundir import CONFIG_FILE, atomic_write_text
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.plot import write_png
 from fsdp_workflow.report.sources import source_lines
 
 TAGS = ["fsdp_workflow"]
-CURVE_FILE = "loss_curve.png"  # beside README.md, drawn from metrics.jsonl
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any of them: AutoTokenizer loads
 # huggingface_hub's cache layout: .../models--ORG--NAME/snapshots/<sha>/ (datasets--ORG--NAME for data)
 _HUB_CACHE_RE = re.compile(r"(models|datasets)--([\w.-]+?)--([\w.-]+)")
@@ -486,7 +486,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-__all__ = ["CARD_FILE", "CURVE_FILE", "RunFacts", "base_model_dirs", "consolidated_steps", "main", "model_card",
+__all__ = ["RunFacts", "base_model_dirs", "consolidated_steps", "main", "model_card",
            "read_run_facts", "write_card"]
 
 

@@ -15,10 +15,10 @@ from typing import Any, Optional
 
 from fsdp_workflow.core import rundir
 from fsdp_workflow.core.licences import licence_files
+from fsdp_workflow.core.modeldir import CARD_FILE
 from fsdp_workflow.core.rundir import RunDir
 
 HF_CONFIG_FILE = "config.json"  # transformers' name; its presence means the assets are complete
-BASE_CARD_FILE = "README.md"  # the base model's card: its front matter declares the licence
 
 
 def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], tokenizer: Any,
@@ -59,7 +59,7 @@ def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], t
     tokenizer.save_pretrained(tmp)
     base = Path(base_dir) if base_dir else None
     if base is not None and base.is_dir():
-        for src in [*licence_files(base), base / BASE_CARD_FILE]:
+        for src in [*licence_files(base), base / CARD_FILE]:
             if src.is_file():
                 shutil.copy2(src, tmp / src.name)
     if dest.exists():

@@ -87,8 +87,17 @@ def _read(path: Path) -> Optional[dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
-def _stale(rec: dict[str, Any], now: float) -> bool:
-    return now - float(rec.get("time", 0.0)) > 3 * float(rec.get("interval_s", 10.0))
+STALE_BEATS = 3  # a beat older than this many intervals is stale
+DEFAULT_INTERVAL_S = 10.0  # a record without its interval_s
+
+
+def is_stale(rec: dict[str, Any], now: float) -> bool:
+    """Whether a heartbeat record's last beat is older than :data:`STALE_BEATS` of its intervals.
+
+    The one rule: the hang detector here and ``status``'s liveness
+    (:mod:`fsdp_workflow.report.status.liveness`) both ask it.
+    """
+    return now - float(rec.get("time", 0.0)) > STALE_BEATS * float(rec.get("interval_s", DEFAULT_INTERVAL_S))
 
 
 def who_stopped(run: RunDir, world: int, me: int, now: Optional[float] = None) -> str:
@@ -117,7 +126,7 @@ def who_stopped(run: RunDir, world: int, me: int, now: Optional[float] = None) -
         if r == me:
             continue
         age = now - float(rec.get("time", 0.0))
-        stale = _stale(rec, now)
+        stale = is_stale(rec, now)
         odd = len(phases) > 1 and rec.get("phase") != common
         if stale:
             blamed.append(f"rank {r} on {rec.get('host')} (pid {rec.get('pid')}) stopped answering: last heartbeat "
@@ -147,7 +156,7 @@ def kill_stopped_local_peers(run: RunDir, world: int, me: int) -> list[int]:
     host, now, killed = socket.gethostname(), time.time(), []
     for r in range(world):
         rec = _read(run.heartbeat(r))
-        if r == me or rec is None or rec.get("host") != host or not _stale(rec, now):
+        if r == me or rec is None or rec.get("host") != host or not is_stale(rec, now):
             continue
         pid = int(rec.get("pid", 0))
         try:

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from fsdp_workflow.config.load import compose, to_yaml
-from fsdp_workflow.config.record import VERIFICATION_FILE, open_run, read_steps
+from fsdp_workflow.config.record import open_run, read_steps
+from fsdp_workflow.core.modeldir import VERIFICATION_FILE
 from fsdp_workflow.core.rundir import RunDir
 
 

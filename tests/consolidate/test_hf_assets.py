@@ -13,13 +13,13 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_workflow.consolidate.hf_assets import (
-    CARD_FILE,
     copy_licenses,
     front_matter,
     index_metadata,
     index_text,
     licence_metadata,
 )
+from fsdp_workflow.core.modeldir import CARD_FILE
 from fsdp_workflow.consolidate.source import Selection, resolve_source
 from fsdp_workflow.consolidate.steps import plan_output
 from fsdp_workflow.core.rundir import RunDir

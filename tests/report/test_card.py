@@ -17,12 +17,13 @@ import pytest
 from huggingface_hub import ModelCard
 from transformers import LlamaForCausalLM
 
-from fsdp_workflow.config.record import VERIFICATION_FILE, open_run
+from fsdp_workflow.config.record import open_run
 from fsdp_workflow.consolidate import consolidate
-from fsdp_workflow.consolidate.hf_assets import CARD_FILE, licence_files
+from fsdp_workflow.consolidate.hf_assets import licence_files
+from fsdp_workflow.core.modeldir import CARD_FILE, CURVE_FILE, VERIFICATION_FILE
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.report import card as card_mod
-from fsdp_workflow.report.card import CURVE_FILE, main, read_run_facts, write_card
+from fsdp_workflow.report.card import main, read_run_facts, write_card
 from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.report.plot import STEP_LABEL, curve_figure
 from fsdp_workflow.report.status import plot as status_plot

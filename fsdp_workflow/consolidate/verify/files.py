@@ -15,11 +15,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdp_workflow.core.modeldir import SINGLE_FILE
+
 from ..metadata import dtype_info
 from .expected import ExpectedModel
 from .safetensors_probe import SafetensorsProbe
 
-SINGLE_FILE = "model.safetensors"  # the one file transformers writes without an index
 
 
 @dataclass

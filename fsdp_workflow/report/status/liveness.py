@@ -9,7 +9,7 @@ for a run that was Ctrl-C'd an hour ago. Three signs tell instead:
   held lock is a live process.
 - ``RUN_DIR/heartbeats/rank-R.json``: each rank's host, pid and the time of its last
   beat (rewritten every ``interval_s``). A beat older than three intervals is stale,
-  as the trainer's own hang detector counts it.
+  by the trainer's own hang detector's rule (:func:`fsdp_workflow.train.heartbeat.is_stale`).
 - the pid of each heartbeat on this host: ``kill(pid, 0)`` says whether it exists (a
   zombie is dead). A fresh beat whose pid is gone is a rank that died a moment ago.
 
@@ -31,8 +31,7 @@ from typing import List, Optional
 
 from fsdp_workflow.core.lock import is_locked, read_holder
 from fsdp_workflow.core.rundir import RunDir
-
-STALE_BEATS = 3  # a beat older than this many intervals is stale (the trainer's rule)
+from fsdp_workflow.train.heartbeat import is_stale
 
 
 @dataclass
@@ -85,11 +84,10 @@ def read_heartbeats(run: RunDir, problems: List[str], now: Optional[float] = Non
         try:
             rank, host, pid = int(rec["rank"]), str(rec["host"]), int(rec["pid"])
             age = now - float(rec["time"])
-            interval = float(rec.get("interval_s", 10.0))
+            stale = is_stale(rec, now)
         except (KeyError, TypeError, ValueError) as err:
             problems.append(f"{path}: not a heartbeat record (needs rank, host, pid, time): {err!r}")
             continue
-        stale = age > STALE_BEATS * interval
         alive = pid_alive(pid) if host == me else None
         out.append({"rank": rank, "host": host, "pid": pid, "phase": rec.get("phase"), "step": rec.get("step"),
                     "age_s": round(age, 1), "stale": stale, "alive": alive})
