@@ -115,6 +115,7 @@ class TrainMesh:
     rank: int
     device_type: str
     _mesh: Optional[Any] = field(default=None, repr=False)
+    _shard_cp: Optional[Any] = field(default=None, repr=False)  # the flattened dp_shard x cp mesh, with cp > 1
 
     @property
     def dp_rank(self) -> int:
@@ -138,15 +139,20 @@ class TrainMesh:
 
             self._mesh = init_device_mesh(self.device_type, self.dims.shape, mesh_dim_names=MESH_DIMS)
             if self.dims.cp > 1:  # FSDP2's shard dimension (fsdp_mesh): CP peers train the same weights
-                self._mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+                # Kept, not sliced from the root again: torch 2.13 warns (on every rank) that slicing a
+                # flattened dimension from the root mesh is deprecated.
+                self._shard_cp = self._mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
         return self._mesh
 
     def fsdp_mesh(self) -> Any:
         """What FSDP2 shards over: ``dp_shard`` (``dp_shard x cp`` flattened with cp), and ``dp_replicate`` before
         it (HSDP) with replicas."""
         shard = "dp_shard_cp" if self.dims.cp > 1 else "dp_shard"
-        if self.dims.dp_replicate > 1:
+        if self.dims.dp_replicate > 1:  # (with cp, torch still warns here: no API composes a kept flattened mesh)
             return self.device_mesh["dp_replicate", shard]
+        if self.dims.cp > 1:
+            self.device_mesh  # noqa: B018 - builds the mesh, and with it the flattened dimension
+            return self._shard_cp
         return self.device_mesh[shard]
 
     def sequence_shards(self) -> Any:
