@@ -153,7 +153,7 @@ def _trained_weights(run_dir: Path) -> Dict[str, Any]:
     _, last = list_checkpoints(run_dir / "checkpoints")[-1]
     dest = run_dir.parent / "trained.pt"
     dcp_to_torch_save(str(last), str(dest))
-    return torch.load(str(dest), weights_only=False)["model"]
+    return torch.load(str(dest), weights_only=True)["model"]
 
 
 def test_logits_equal_the_trained_weights(family_run: FamilyRun) -> None:

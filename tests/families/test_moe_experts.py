@@ -47,7 +47,7 @@ def _trained(run_dir: Path) -> Dict[str, torch.Tensor]:
     dest = run_dir.parent / "trained-moe.pt"
     if not dest.exists():
         dcp_to_torch_save(str(last), str(dest))
-    return torch.load(str(dest), weights_only=False)["model"]
+    return torch.load(str(dest), weights_only=True)["model"]
 
 
 def test_the_checkpoint_held_fused_experts_and_verification_says_it_cut_them(moe: FamilyRun) -> None:

@@ -48,7 +48,7 @@ def checkpoint_dict(step_dir: Path, tmp: Path) -> dict:
 
     out = tmp / f"{step_dir.name}.pt"
     dcp_to_torch_save(str(step_dir), str(out))
-    return torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=True)
 
 
 def test_a_new_schedule_and_hyperparameters_apply_from_the_first_resumed_step(straight_run: Path,
