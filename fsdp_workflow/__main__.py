@@ -211,24 +211,17 @@ def _sweep_summary(codes: List[int], num_points: Optional[int]) -> str:
 
 def _launch(cfg, plan, lock) -> int:
     """Submit the written run, or run it here under ``lock`` (the caller releases it); a dry run stops here."""
+    from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import written_names
-    from fsdp_workflow.plan.spec import is_slurm
 
+    backend = backend_for(cfg)
     if cfg.dry_run:
         print(f"dry run: wrote {plan.run_dir} ({', '.join(written_names(plan))}); nothing submitted.")
         print("submit the same chain later with: " + shlex.join(["bash", str(plan.layout.script(SUBMIT_SCRIPT))]))
-        if is_slurm(cfg):  # the partition/node/QoS limits are read only at submission (or by fsdp_workflow.check)
-            from fsdp_workflow.launch.cluster_check import skipped_line
-
-            print(skipped_line(str(plan.run_dir)))
+        for line in backend.dry_run_notes(str(plan.run_dir)):
+            print(line)
         return 0
-    if is_slurm(cfg):
-        from fsdp_workflow.launch.slurm import submit
-
-        return submit(cfg, plan)
-    from fsdp_workflow.launch.local import run_local
-
-    return run_local(plan, consolidate=cfg.consolidate.enabled, lock=lock)  # held through the run
+    return backend.submit(cfg, plan, lock=lock)  # a foreground run holds the lock through the run
 
 
 def _with_run_dir_as_hydra_dir(argv: List[str]) -> List[str]:

@@ -34,7 +34,7 @@ from fsdp_workflow.core.exit_codes import EXIT_USAGE
 if TYPE_CHECKING:
     from fsdp_workflow.config.errors import Issue, ValidationReport
     from fsdp_workflow.config.schema import WorkflowConfig
-    from fsdp_workflow.launch.handles import ChainJob
+    from fsdp_workflow.backends.slurm.handles import ChainJob
     from fsdp_workflow.launch.pipeline import Refused
 
 # What the CLI records as argv[0] when run as ``python -m fsdp_workflow``: provenance.json's
@@ -107,9 +107,9 @@ class Chain:
         Raises:
             subprocess.CalledProcessError: scancel failed.
         """
-        if self.jobs:
-            subprocess.run(["scancel", *(job.job_id for job in self.jobs)], check=True, capture_output=True,
-                           text=True)
+        from fsdp_workflow.backends.slurm.submit import cancel
+
+        cancel([job.job_id for job in self.jobs])
 
 
 def _invalid(body: str, issues: Sequence["Issue"] = (), heading: str = "invalid config") -> SubmitError:
@@ -126,7 +126,7 @@ def _validated(overrides: List[str]) -> Tuple["WorkflowConfig", "ValidationRepor
     from fsdp_workflow.config.hydra_errors import describe
     from fsdp_workflow.config.load import compose_collecting, experiment_selected, normalize_overrides
     from fsdp_workflow.launch.pipeline import NO_EXPERIMENT_HINT, Refused, validated
-    from fsdp_workflow.plan.spec import is_slurm
+    from fsdp_workflow.backends.registry import backend_for
 
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
@@ -146,7 +146,7 @@ def _validated(overrides: List[str]) -> Tuple["WorkflowConfig", "ValidationRepor
         key = getattr(err, "full_key", None)
         raise _invalid(f"  {key}: {err}" if key else f"  {err}") from None
     mine: List[Issue] = []  # this API's own problems, after the pipeline's
-    if not is_slurm(cfg):
+    if not backend_for(cfg).queued:
         mine.append(Issue("cluster.kind", cfg.cluster.kind.name, "fsdp_workflow.submit submits to Slurm",
                           "add cluster=slurm (and cluster.partition=...), or run on this machine with "
                           "python -m fsdp_workflow"))
@@ -168,9 +168,9 @@ def _again(err: "Refused") -> SubmitError:
 def _submitted(cfg: "WorkflowConfig", report: "ValidationReport", overrides: List[str]) -> Chain:
     """The CLI's own pipeline, once the lock is held: write the run directory, submit its chain."""
     from fsdp_workflow.config.load import normalize_overrides
-    from fsdp_workflow.launch.handles import ChainJob
+    from fsdp_workflow.backends.slurm.handles import ChainJob
     from fsdp_workflow.launch.pipeline import Refused, write_checked
-    from fsdp_workflow.launch.slurm import submit_checked
+    from fsdp_workflow.backends.slurm.submit import submit_checked
 
     try:
         plan = write_checked(cfg, report, command=[_CLI_PROGRAM, *normalize_overrides(overrides)])

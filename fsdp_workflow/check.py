@@ -4,7 +4,7 @@
 
 Reads ``RUN_DIR/config.yaml`` (what ``dry_run=true`` wrote), rebuilds the chain
 from it and judges every job against the partitions, nodes, QoS and
-associations the cluster reports (:mod:`fsdp_workflow.launch.cluster_check`,
+associations the cluster reports (:mod:`fsdp_workflow.backends.slurm.cluster_check`,
 docs/slurm.md "What is checked before the queue"). Submitting runs the same
 checks first; this is for a dry run, or a run directory planned where Slurm was
 not reachable.
@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.config.errors import ConfigError
 from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
-from fsdp_workflow.launch.cluster_check import check_chain
-from fsdp_workflow.launch.cluster_info import ClusterUnreachable, read_cluster
-from fsdp_workflow.plan.spec import build_plan, is_slurm
+from fsdp_workflow.backends.slurm.cluster_check import check_chain
+from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
+from fsdp_workflow.plan.spec import build_plan
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (FileNotFoundError, ValueError) as err:  # ConfigError and OmegaConf's errors are ValueErrors
         print(f"fsdp_workflow.check: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if not is_slurm(cfg):
+    if not backend_for(cfg).queued:
         print(f"fsdp_workflow.check: {args.run_dir} was planned with cluster.kind="
               f"{cfg.cluster.kind.value}; only Slurm runs have cluster limits to check.", file=sys.stderr)
         return EXIT_USAGE

@@ -38,7 +38,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import fsdp_workflow
+from fsdp_workflow.backends.slurm.queue import hostnames as _hosts
 from fsdp_workflow.core.exit_codes import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json
 from fsdp_workflow.plan.snapshot import content_hash
@@ -330,18 +330,6 @@ def _planned_sha256(run_dir: Path) -> Optional[str]:
     except (OSError, ValueError, AttributeError):
         return None
     return snap.get("sha256") if isinstance(snap, dict) else None
-
-
-def _hosts(nodelist: str) -> List[str]:
-    """The step's hosts in node-id order (``scontrol show hostnames``); [] when Slurm does not say."""
-    if not nodelist:
-        return []
-    try:
-        proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                              timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return proc.stdout.split() if proc.returncode == 0 else []
 
 
 def _say(text: str) -> None:

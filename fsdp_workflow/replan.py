@@ -31,7 +31,7 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.core.config_hash import PROVENANCE_KEY, file_sha256
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT, RunDir, atomic_write_json
-from fsdp_workflow.launch.chain_guard import live_chain_problem
+from fsdp_workflow.backends.registry import live_problem
 from fsdp_workflow.plan.checks import check
 from fsdp_workflow.plan.run_dir import write_run_dir
 
@@ -65,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         check(cfg).raise_if_errors()
     except ConfigError as err:
         return _fail(f"invalid config in {layout.config}\n{err}\nnothing changed: fix the file and run this again")
-    problem = live_chain_problem(layout.root)
+    problem = live_problem(layout.root)
     if problem:
         return _fail(problem)
     try:

@@ -5,11 +5,18 @@ a lazy import is still a dependency. For the stage order ``if TYPE_CHECKING:``
 imports are not counted; for cycles they are: a type-only cycle still means two
 modules that cannot be understood, moved or tested apart.
 
-    core  <-  config  <-  container  <-  plan  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
+    core  <-  config  <-  container  <-  plan  <-  backends  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
+    core  <-  backends' pure parts (base, slurm.queue, slurm.reasons)  <-  plan, report, preflight
                  ^----  data  <-  train ;  consolidate (config and core only)
                  ^----  evaluate (consolidate, train, data)
-                 ^----  report (status, model card, curves: above train, consolidate, data)  <-  status (its CLI alias)
+                 ^----  report (status, model card, curves: above train, consolidate, data, backends)  <-  status (its CLI alias)
     preflight (core, config, plan: the snapshot's hash), run in the training job before torchrun
+
+``backends`` (schedulers behind one protocol) sits above ``plan``: a backend plans, renders and
+submits. Its pure parts (:data:`BACKEND_PURE`: the job-state and role vocabulary, Slurm's queue
+readers and reasons) import ``core`` alone, so the planner (``submit.sh``'s rendered guard) and the
+report stage (job states) read them from below without a loop. ``report`` may import the whole of
+``backends`` (``status`` asks a backend for its jobs' states); nothing below ``report`` imports it.
 
 The run record (``config/record.py``) sits in ``config``: every stage that reads a run
 directory may ask it.
@@ -34,23 +41,28 @@ ALLOWED: Dict[str, Set[str]] = {
     "core": set(),
     "config": {"core"},
     "container": {"core", "config"},
-    "plan": {"core", "config", "container", "data"},  # data: its plan-time rules (data.checks)
-    "launch": {"core", "config", "plan"},
+    "plan": {"core", "config", "container", "data", "backends.pure"},  # data: its plan-time rules (data.checks)
+    "backends.pure": {"core"},  # BACKEND_PURE: vocabulary and parsers, on core alone
+    "backends": {"core", "config", "container", "plan", "backends.pure"},
+    "launch": {"core", "config", "plan", "backends", "backends.pure"},
     "data": {"core", "config"},
     "train": {"core", "config", "data"},
     "consolidate": {"core", "config"},
     "evaluate": {"core", "config", "consolidate", "train", "data"},
     # the report stage sits above train and consolidate; nothing below it imports it
-    "report": {"core", "config", "data", "train", "consolidate"},
+    "report": {"core", "config", "data", "train", "consolidate", "backends", "backends.pure"},
     "status": {"report"},  # python -m fsdp_workflow.status: the report stage's status command, where the docs put it
-    "__main__": {"core", "config", "container", "plan", "launch", "data"},
-    "check": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.check: an entry point on launch
-    "replan": {"core", "config", "plan", "launch"},  # python -m fsdp_workflow.replan: re-validates an edited run dir
-    "api": {"core", "config", "plan", "launch"},  # fsdp_workflow.submit: the CLI's path, as a function
-    "preflight": {"core", "config", "plan"},  # python -m fsdp_workflow.preflight: in the training job, one task per node
+    "__main__": {"core", "config", "container", "plan", "launch", "data", "backends", "backends.pure"},
+    "check": {"core", "config", "plan", "launch", "backends", "backends.pure"},  # python -m fsdp_workflow.check
+    "replan": {"core", "config", "plan", "launch", "backends", "backends.pure"},  # re-validates an edited run dir
+    "api": {"core", "config", "plan", "launch", "backends", "backends.pure"},  # fsdp_workflow.submit, as a function
+    "preflight": {"core", "config", "plan", "backends.pure"},  # python -m fsdp_workflow.preflight, in the job
     "__init__": {"api"},  # only the lazy re-export of the Python API
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"
+# The backends' pure parts: importable from below the backends stage (plan, report), so they import core alone.
+BACKEND_PURE = {"fsdp_workflow.backends", "fsdp_workflow.backends.base", "fsdp_workflow.backends.slurm",
+                "fsdp_workflow.backends.slurm.queue", "fsdp_workflow.backends.slurm.reasons"}
 
 
 def _module_name(path: Path) -> str:
@@ -109,6 +121,8 @@ def _stage(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "__init__"
+    if module in BACKEND_PURE:
+        return "backends.pure"
     return parts[1]
 
 
@@ -169,6 +183,24 @@ def test_no_import_cycles() -> None:
 
 def test_stages_only_look_down() -> None:
     assert upward_edges(_graph()) == [], "an import against the stage order (see this module's docstring)"
+
+
+def test_the_backends_pure_parts_exist_and_their_packages_import_nothing() -> None:
+    """Importing a pure part runs its packages' ``__init__``: those import nothing, so no stage above comes along."""
+    mods = _modules()
+    assert BACKEND_PURE <= set(mods)
+    for pkg in ("fsdp_workflow.backends", "fsdp_workflow.backends.slurm"):
+        assert _imports(mods[pkg], mods, type_only=True) == set(), f"{pkg}/__init__.py must import nothing"
+
+
+def test_planning_stays_torch_free() -> None:
+    """``import fsdp_workflow.plan`` (and the backends' pure parts it reads) loads no torch: login nodes plan."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fsdp_workflow.plan.spec, fsdp_workflow.plan.render, fsdp_workflow.backends.base; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_nothing_below_the_report_stage_imports_it() -> None:

@@ -8,8 +8,17 @@
   trainer's resume and the consolidator.
 * :mod:`envnames` - the rules for environment variable names.
 * :mod:`modeldir` - the names inside a model directory (``verification.json``, the card, the index).
-* :mod:`slurm_queue` - Slurm's queue read in one place: job states, ``squeue``, ``scontrol -o``,
-  ``sacct`` (here until the scheduler backends get a package: plan and report read it too).
+* :mod:`checkpoint_health` - whether a complete-looking checkpoint is whole (resume, status, consolidator).
+* :mod:`commands` - the commands printed for a user to paste.
+* :mod:`config_hash` - the validated config's hash, and the check every job makes against it.
+* :mod:`interrupts` - SIGTERM handled as Ctrl-C for prepare and consolidate.
+* :mod:`job_exit` - why a job ended: its exit record and the line of its log that matters.
+* :mod:`licences` - which files of a model directory are its licence terms.
+* :mod:`lock` - one holder at a time: ``flock`` on a lock file that names its holder.
+* :mod:`logs` - logging, set up once per process.
+* :mod:`paths` - where an output directory may go relative to its checkpoints.
+
+Slurm's queue and reasons live with the Slurm backend (:mod:`fsdp_workflow.backends.slurm`).
 
 Nothing here imports another ``fsdp_workflow`` package, Hydra, torch (at import
 time) or anything Slurm; every stage may import it (``tests/test_imports.py``).

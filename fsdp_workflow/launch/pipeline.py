@@ -5,7 +5,7 @@
 1. :func:`validated`: the config's rules and the run directory's (every problem in one report);
 2. :func:`lock_run_dir`: ``RUN_DIR/.lock``, before the first write;
 3. :func:`write_checked`: refuse while a chain of the run is queued, write the run directory, warn;
-4. on Slurm, :func:`fsdp_workflow.launch.slurm.submit_checked`.
+4. on Slurm, :func:`fsdp_workflow.backends.slurm.submit.submit_checked`.
 
 A step that refuses raises :class:`Refused` with the words the CLI prints and the code it
 exits with; the API raises them again as :class:`fsdp_workflow.api.SubmitError`.
@@ -19,9 +19,10 @@ from typing import List, Optional, Sequence
 
 from fsdp_workflow.config.errors import ConfigError, Issue, ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
+from fsdp_workflow.backends.base import Refused, refused
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
-from fsdp_workflow.launch.chain_guard import live_chain_problem
+from fsdp_workflow.backends.registry import live_problem
 from fsdp_workflow.plan.checks import check
 from fsdp_workflow.plan.estimate import memory_warning, summary_lines
 from fsdp_workflow.plan.jobs import LaunchPlan
@@ -31,28 +32,6 @@ log = logging.getLogger(__name__)
 
 NO_EXPERIMENT_HINT = ("\n  (no experiment selected: these are the base defaults; "
                       "add +experiment=smoke for the smoke run's values)")
-
-
-class Refused(Exception):
-    """A step of the pipeline refused; ``str(err)`` is what the CLI prints.
-
-    Attributes:
-        exit_code: the CLI's exit code (2: config, run directory, cluster; 1: sbatch failed otherwise).
-        issues: the config problems, one per key (empty when the refusal is not about a key).
-        report: the validation's report, when validation refused (its notes and warnings are printed too).
-    """
-
-    def __init__(self, message: str, exit_code: int = EXIT_USAGE, issues: Sequence[Issue] = (),
-                 report: Optional[ValidationReport] = None) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.issues = list(issues)
-        self.report = report
-
-
-def refused(body: str, heading: str = "invalid config", issues: Sequence[Issue] = ()) -> Refused:
-    """A refusal (exit 2) worded as the CLI's: ``fsdp_workflow: HEADING`` then the body."""
-    return Refused(f"fsdp_workflow: {heading}\n{body}", EXIT_USAGE, issues)
 
 
 def validated(cfg: WorkflowConfig, first: Sequence[Issue] = (), last: Sequence[Issue] = (),
@@ -126,7 +105,7 @@ def write_checked(cfg: WorkflowConfig, report: ValidationReport,
         log.info("fsdp_workflow: note: %s", note)
     for warning in report.warnings:
         log.warning("fsdp_workflow: warning: %s", warning.format())
-    live = live_chain_problem(Path(cfg.run_dir))  # before planning rewrites what a queued chain will run
+    live = live_problem(Path(cfg.run_dir))  # before planning rewrites what a queued chain will run
     if live:
         raise Refused(f"fsdp_workflow: refused: {live}")
     try:

@@ -2,7 +2,7 @@
 
 :func:`fsdp_workflow.plan.spec.build_plan` fills these from a config;
 :mod:`fsdp_workflow.plan.render` turns them into the run directory's scripts;
-:mod:`fsdp_workflow.launch.slurm` runs the very ``sbatch`` commands that
+:mod:`fsdp_workflow.backends.slurm.submit` runs the very ``sbatch`` commands that
 ``submit.sh`` renders. Nothing here touches the filesystem.
 """
 

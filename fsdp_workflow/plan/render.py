@@ -17,8 +17,8 @@ from fsdp_workflow.container.base import ContainerCommand, EnvFilter
 from fsdp_workflow.core.envnames import ENV_NAME_RULE, is_env_name
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
-from fsdp_workflow.core.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
-from fsdp_workflow.core.slurm_queue import SQUEUE_FORMAT, TERMINAL_STATES
+from fsdp_workflow.backends.slurm.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
+from fsdp_workflow.backends.slurm.queue import SQUEUE_FORMAT, TERMINAL_STATES
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     EVAL_SBATCH,
@@ -460,7 +460,7 @@ def _submit_lines(plan: LaunchPlan, job: SbatchJob, submitted: List[SbatchJob]) 
 def chain_guard_lines(plan: LaunchPlan) -> List[str]:
     """``submit.sh``'s first question: is a chain of this run directory still queued or running, or done?
 
-    The same rules as :mod:`fsdp_workflow.launch.chain_guard` (the Python route): a live
+    The same rules as :mod:`fsdp_workflow.backends.slurm.chain_guard` (the Python route): a live
     job of ``jobs.txt`` refuses (exit 2, with how to follow or cancel it); a run trained
     to ``train.max_steps`` with its model written is complete (exit 0, nothing
     submitted); a model of an earlier, shorter run must be moved aside before continuing.
@@ -520,8 +520,8 @@ def _reason_line(words: str, fix: str) -> str:
 def pending_watch_lines(plan: LaunchPlan) -> List[str]:
     """``submit.sh`` right after sbatch: a pending reason that means "never" cancels the whole chain (exit 2).
 
-    :mod:`fsdp_workflow.launch.pending` in shell, from the same table
-    (:mod:`fsdp_workflow.core.reasons`): Slurm sets each job's reason at its first
+    :mod:`fsdp_workflow.backends.slurm.pending` in shell, from the same table
+    (:mod:`fsdp_workflow.backends.slurm.reasons`): Slurm sets each job's reason at its first
     scheduling pass; the poll ends once every pending job has one and none means
     "never", or after ``WATCH_S`` (a "never" is read again to the end: the first,
     coarse reason becomes the precise one). A Slurm that does not answer ends the

@@ -7,7 +7,7 @@ NeMo-Run snapshot for the same reason). With ``cluster.code_snapshot=true`` (the
 default) the planner copies the imported package's own directory (its ``.py``
 files, the Hydra ``conf/`` tree, the shipped ``assets/``; no bytecode) into
 ``RUN_DIR/code/fsdp_workflow`` and every job puts ``RUN_DIR/code`` first on
-``PYTHONPATH`` (:mod:`fsdp_workflow.plan.render`, :mod:`fsdp_workflow.launch.local`,
+``PYTHONPATH`` (:mod:`fsdp_workflow.plan.render`, :mod:`fsdp_workflow.backends.local`,
 and inside containers :func:`fsdp_workflow.container.wrap.explicit_env`).
 
 The copy is written beside the target and renamed into place, and its content

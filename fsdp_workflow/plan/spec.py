@@ -21,7 +21,6 @@ from fsdp_workflow.config.load import to_yaml
 from fsdp_workflow.config.model_dir import output_dtype
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
 from fsdp_workflow.config.schema import (
-    ClusterKind,
     DataSource,
     Device,
     Launcher,
@@ -356,7 +355,3 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
         max_steps=cfg.train.max_steps,
         preflight_argv=preflight_argv(cfg, layout),
     )
-
-
-def is_slurm(cfg: WorkflowConfig) -> bool:
-    return cfg.cluster.kind == ClusterKind.slurm

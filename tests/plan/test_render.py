@@ -129,8 +129,8 @@ def test_submit_chains_consolidation_afterok_with_kill_on_invalid_dep() -> None:
     "QOSMaxCpuPerUserLimit", "AssocMaxJobsPerAccount", "Priority", "Resources", "Dependency", "None",
     "ReqNodeNotAvail, UnavailableNodes:n1", "BadConstraints (x)", "SomethingNew"])
 def test_submit_sh_reads_pending_reasons_with_the_python_table(code: str) -> None:
-    """submit.sh's own "never" test gives, for each reason, what ``core.reasons.explain`` gives the Python route."""
-    from fsdp_workflow.core.reasons import explain
+    """submit.sh's own "never" test gives, for each reason, what ``backends.slurm.reasons.explain`` gives the Python route."""
+    from fsdp_workflow.backends.slurm.reasons import explain
 
     submit = render_all(build_plan(_cfg("smoke", "/runs/x")))["submit.sh"]
     start = submit.index("never_reason() {")

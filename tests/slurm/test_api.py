@@ -25,7 +25,7 @@ import submitit
 import fsdp_workflow
 import pipeline_helpers as ph
 import slurm_utils as su
-from fsdp_workflow.launch.handles import ChainJob
+from fsdp_workflow.backends.slurm.handles import ChainJob
 
 SHORT = ["train.max_steps=4", "checkpoint.every_steps=2"]
 

@@ -97,7 +97,7 @@ def test_planned_consolidations_write_both_models_and_they_load(ema_run: Path, t
     """
     from transformers import AutoModelForCausalLM
 
-    from fsdp_workflow.launch.local import _this_python
+    from fsdp_workflow.backends.local import _this_python
     from fsdp_workflow.plan.spec import build_plan
 
     run = copy_run(ema_run, tmp_path / "run", checkpoints=(STEPS,))

@@ -26,14 +26,14 @@ from fsdp_workflow.config.record import RunRecord, open_run
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.config_hash import PROVENANCE_KEY, changed_message, file_sha256
 from fsdp_workflow.core.exit_codes import MEANINGS
-from fsdp_workflow.core.reasons import explain as explain_reason
+from fsdp_workflow.backends.slurm.reasons import explain as explain_reason
 from fsdp_workflow.core.rundir import JOBS_FILE, PathLike, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.report.sources import source_lines
 from fsdp_workflow.report.status.commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.report.status.eta import Progress, run_progress
-from fsdp_workflow.report.status.jobs import JobStatus, job_status
+from fsdp_workflow.backends.slurm.status_jobs import JobStatus, job_status
 from fsdp_workflow.report.status.liveness import local_liveness, read_heartbeats, slurm_liveness
 
 @dataclass

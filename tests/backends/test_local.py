@@ -20,7 +20,7 @@ import pytest
 
 from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
-from fsdp_workflow.launch.local import run_local, shown
+from fsdp_workflow.backends.local import run_local, shown
 from fsdp_workflow.plan.run_dir import write_run_dir
 from tests.launch.test_complete_inputs import save_step
 
@@ -291,7 +291,7 @@ Root Cause (first observed failure):
 def test_output_filter_keeps_the_ranks_lines_and_drops_torchruns_traceback() -> None:
     import io
 
-    from fsdp_workflow.launch.torchrun_io import OutputFilter
+    from fsdp_workflow.backends.torchrun_io import OutputFilter
 
     out = io.BytesIO()
     filt = OutputFilter(out)

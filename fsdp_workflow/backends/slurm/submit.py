@@ -15,8 +15,8 @@ batch script of its own around a pickled function, which is not the script a
 user reads when a job fails (docs/slurm.md).
 
 Before the first sbatch, every job is checked against the cluster's partitions,
-nodes and QoS (:mod:`fsdp_workflow.launch.cluster_check`); right after the last,
-the jobs' pending reasons are read (:mod:`fsdp_workflow.launch.pending`). Either
+nodes and QoS (:mod:`fsdp_workflow.backends.slurm.cluster_check`); right after the last,
+the jobs' pending reasons are read (:mod:`fsdp_workflow.backends.slurm.pending`). Either
 refusing exits 2 with the key to change, and leaves no job in the queue.
 """
 
@@ -28,14 +28,14 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from fsdp_workflow.backends.base import Refused, refused
 from fsdp_workflow.config.errors import ConfigError, Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
-from fsdp_workflow.launch import pending
-from fsdp_workflow.launch.chain_guard import finished_message, live_chain_problem
-from fsdp_workflow.launch.cluster_check import check_chain, skipped_line
-from fsdp_workflow.launch.cluster_info import ClusterUnreachable, read_cluster
-from fsdp_workflow.launch.pipeline import Refused, refused
+from fsdp_workflow.backends.slurm import pending
+from fsdp_workflow.backends.slurm.chain_guard import finished_message, live_chain_problem
+from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
+from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label, sbatch_argv
 from fsdp_workflow.plan.render import shell_join
 
@@ -136,6 +136,16 @@ def _sbatch(argv: List[str], what: str) -> str:
         msg = (proc.stderr or proc.stdout).strip() or f"exit code {proc.returncode}"
         raise SubmissionError(f"sbatch refused the {what} job: {msg}", text=msg)
     return job_id
+
+
+def cancel(job_ids: List[str]) -> None:
+    """``scancel`` the jobs in one call (those already ended are left as they are).
+
+    Raises:
+        subprocess.CalledProcessError: scancel failed.
+    """
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], check=True, capture_output=True, text=True)
 
 
 def _cancel(jobs: List[Submitted]) -> str:

@@ -5,7 +5,7 @@ count is above the partition's, or whose CPUs no node has, and then keeps it
 ``PENDING`` forever (PartitionTimeLimit, PartitionNodeLimit, PartitionConfig).
 A user finds out the next morning. :func:`check_chain` finds it now: each job of
 the chain (data preparation, training, consolidation, evaluation) with its own
-resources, against :class:`~fsdp_workflow.launch.cluster_info.ClusterLimits`.
+resources, against :class:`~fsdp_workflow.backends.slurm.cluster_info.ClusterLimits`.
 Each problem is a config :class:`~fsdp_workflow.config.errors.Issue`: the key,
 its value, the cluster's limit with where it comes from, and the fix.
 
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.launch.cluster_info import ClusterLimits, Node, Partition, slurm_minutes
+from fsdp_workflow.backends.slurm.cluster_info import ClusterLimits, Node, Partition, slurm_minutes
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob
 
 CHECK_COMMAND = "python -m fsdp_workflow.check"
@@ -293,7 +293,7 @@ def check_chain(cfg: WorkflowConfig, plan: LaunchPlan, limits: ClusterLimits) ->
     Args:
         cfg: the config the plan was built from (to name keys and values).
         plan: the launch plan.
-        limits: what :func:`~fsdp_workflow.launch.cluster_info.read_cluster` read.
+        limits: what :func:`~fsdp_workflow.backends.slurm.cluster_info.read_cluster` read.
 
     Returns:
         Errors (the chain could never start) and warnings (it would wait, or a limit is not enforced).

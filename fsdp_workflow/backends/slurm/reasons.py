@@ -6,12 +6,12 @@ its partition, QoS or association allows. Slurm shows why in the job's
 https://slurm.schedmd.com/job_reason_codes.html). :func:`explain` turns a code
 into a :class:`Reason`: ``never`` means it cannot start under the current
 configuration, so the submission cancels the chain
-(:mod:`fsdp_workflow.launch.slurm`); the others are a wait, worth showing
+(:mod:`fsdp_workflow.backends.slurm.submit`); the others are a wait, worth showing
 (``status`` can use the same table).
 
 Slurm sets a job's reason at its first scheduling pass, and a job waiting on a
 dependency shows ``Dependency`` until that is met: the limits of a dependent
-job are invisible here, which is why :mod:`fsdp_workflow.launch.cluster_check`
+job are invisible here, which is why :mod:`fsdp_workflow.backends.slurm.cluster_check`
 reads them before submitting.
 """
 

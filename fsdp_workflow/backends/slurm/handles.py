@@ -1,7 +1,7 @@
 """submitit job handles for the jobs that our own ``sbatch`` submission returned.
 
 submitit's executor writes a batch script of its own around a pickled function;
-the chain runs the run directory's scripts instead (:mod:`fsdp_workflow.launch.slurm`
+the chain runs the run directory's scripts instead (:mod:`fsdp_workflow.backends.slurm.submit`
 says why). What submitit gives a notebook user is the job handle: ``state``,
 ``done()``, ``wait()``, ``cancel()``, ``stdout()``, ``paths``. A :class:`ChainJob`
 is a ``submitit.SlurmJob`` built for a job id that ``sbatch`` returned, whose
@@ -29,7 +29,7 @@ from typing import Any, Set, Tuple
 from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from fsdp_workflow.core.slurm_queue import JobState, SlurmQueue
+from fsdp_workflow.backends.slurm.queue import JobState, SlurmQueue
 
 SCONTROL_TIMEOUT_S = 30
 # submitit polls at 0, 2, 4, 8 s... then at most every delay_s: a chain's last job

@@ -1,6 +1,6 @@
 """What the cluster allows, read from Slurm's own commands into typed objects.
 
-:mod:`fsdp_workflow.launch.cluster_check` judges a chain against these before
+:mod:`fsdp_workflow.backends.slurm.cluster_check` judges a chain against these before
 anything is submitted. Every command is an argument list with a timeout; the
 ``parse_*`` functions take the commands' text, so they are tested on recorded
 output (``tests/launch/test_cluster_info.py``) as well as on the test cluster.
@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence
 
-from fsdp_workflow.core.slurm_queue import SlurmUnreachable, parse_record
+from fsdp_workflow.backends.slurm.queue import SlurmUnreachable, parse_record
 
 COMMAND_TIMEOUT_S = 20  # a login node's slurmctld may be slow; never hang a submission on it
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.core.job_exit import explain
-from fsdp_workflow.core.reasons import explain as explain_reason
-from fsdp_workflow.core.slurm_queue import JobState, SlurmQueue
+from fsdp_workflow.backends.slurm.reasons import explain as explain_reason
+from fsdp_workflow.backends.slurm.queue import JobState, SlurmQueue
 
 _QUEUE = SlurmQueue(timeout_s=15)  # status answers quickly, even from a busy login node
 # train.sbatch logs "[fsdp_workflow] train job N restart K/MAX ..." at every start (and when it refuses one).

@@ -1,10 +1,10 @@
 """Right after submitting: read each job's pending reason; a chain Slurm will never start is cancelled.
 
-The checks before submitting (:mod:`fsdp_workflow.launch.cluster_check`) read
+The checks before submitting (:mod:`fsdp_workflow.backends.slurm.cluster_check`) read
 what they can; a limit they do not read (a QoS's MaxTRESPerJob, a partition
 changed meanwhile, ``cluster.check_limits=false``) still shows up as a pending
 reason at the first scheduling pass. :func:`watch` polls ``squeue`` for a few
-seconds; the first reason that means "never" (:mod:`fsdp_workflow.core.reasons`)
+seconds; the first reason that means "never" (:mod:`fsdp_workflow.backends.slurm.reasons`)
 cancels every job of the chain and waits until none is left in the queue.
 """
 
@@ -17,9 +17,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.launch.cluster_check import option_key
-from fsdp_workflow.core.reasons import POLL_S, WATCH_S, Reason, explain
-from fsdp_workflow.core.slurm_queue import JobState, QueuedJob, SlurmQueue, SlurmUnreachable
+from fsdp_workflow.backends.slurm.cluster_check import option_key
+from fsdp_workflow.backends.slurm.reasons import POLL_S, WATCH_S, Reason, explain
+from fsdp_workflow.backends.slurm.queue import JobState, QueuedJob, SlurmQueue, SlurmUnreachable
 from fsdp_workflow.plan.jobs import NOUN, SbatchJob
 
 GONE_S = 15.0  # how long to wait for cancelled jobs to leave squeue

@@ -1,4 +1,4 @@
-"""The one reader of Slurm's queue (core/slurm_queue.py), on lines copied from the real test cluster.
+"""The one reader of Slurm's queue (backends/slurm/queue.py), on lines copied from the real test cluster.
 
 Every line below was printed by Slurm 22.05 of tests/slurm's single-node cluster
 (tools/slurm/local_cluster.sh): a held job named with a space and logging into a
@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from fsdp_workflow.core import slurm_queue
-from fsdp_workflow.core.slurm_queue import (
+from fsdp_workflow.backends.slurm import queue as slurm_queue
+from fsdp_workflow.backends.slurm.queue import (
     TERMINAL_STATES,
     JobState,
     SlurmQueue,

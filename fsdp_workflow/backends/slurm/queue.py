@@ -6,8 +6,9 @@ and the API's handles (``scontrol show job -o``, then ``sacct``). :class:`JobSta
 is the one vocabulary of job states; ``submit.sh``'s live-chain rule is rendered
 from :data:`TERMINAL_STATES`.
 
-It sits in ``core`` because the planner (which renders ``submit.sh``) and the report
-stage (``status``) both read it and neither may import ``launch``.
+A pure part of the backends (it imports ``core`` and :mod:`fsdp_workflow.backends.base`
+alone): the planner, which renders ``submit.sh``, reads it from below the backends stage.
+:class:`JobState` is the backends' own vocabulary (:mod:`fsdp_workflow.backends.base`).
 """
 
 from __future__ import annotations
@@ -15,80 +16,15 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass
-from enum import Enum
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from fsdp_workflow.backends.base import TERMINAL_STATES, JobState
 
 SQUEUE_FORMAT = "%i|%T|%r"  # job id, state, reason: what :func:`parse_squeue` reads
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"  # what :func:`parse_sacct` reads (-n -P -X)
 
 # Key=Value tokens of one ``-o`` record; values may hold spaces (``OS=Linux 6.1 #1 SMP``, a path).
 _FIELD_SPLIT = re.compile(r" +(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
-
-
-class JobState(str, Enum):
-    """A Slurm job state (squeue ``%T``, scontrol ``JobState``, sacct ``State``), and what it means here."""
-
-    PENDING = "PENDING"
-    CONFIGURING = "CONFIGURING"
-    RESV_DEL_HOLD = "RESV_DEL_HOLD"
-    REQUEUED = "REQUEUED"
-    REQUEUE_FED = "REQUEUE_FED"
-    REQUEUE_HOLD = "REQUEUE_HOLD"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    STAGE_OUT = "STAGE_OUT"
-    SIGNALING = "SIGNALING"
-    SUSPENDED = "SUSPENDED"
-    RESIZING = "RESIZING"
-    STOPPED = "STOPPED"
-    COMPLETED = "COMPLETED"
-    CANCELLED = "CANCELLED"
-    REVOKED = "REVOKED"
-    FAILED = "FAILED"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    PREEMPTED = "PREEMPTED"
-    SPECIAL_EXIT = "SPECIAL_EXIT"
-    UNKNOWN = "UNKNOWN"  # not a Slurm state: one we do not know, or none was read
-
-    @classmethod
-    def parse(cls, text: str) -> "JobState":
-        """``CANCELLED by 0``, ``COMPLETED+`` or ``RUNNING`` as a state; UNKNOWN for anything else."""
-        word = (text.split() or [""])[0].rstrip("+").upper()
-        try:
-            return cls(word)
-        except ValueError:
-            return cls.UNKNOWN
-
-    @property
-    def word(self) -> str:
-        """What ``status`` tells the user: queued, requeued, running, done, cancelled, failed or unknown."""
-        return _WORDS.get(self, "unknown")
-
-    @property
-    def ended(self) -> bool:
-        """The job will not run again (Slurm's terminal states); UNKNOWN has not ended."""
-        return self.word in ("done", "cancelled", "failed")
-
-
-_WORDS = {
-    JobState.PENDING: "queued", JobState.CONFIGURING: "queued", JobState.RESV_DEL_HOLD: "queued",
-    JobState.REQUEUED: "requeued", JobState.REQUEUE_FED: "requeued", JobState.REQUEUE_HOLD: "requeued",
-    JobState.RUNNING: "running", JobState.COMPLETING: "running", JobState.STAGE_OUT: "running",
-    JobState.SIGNALING: "running", JobState.SUSPENDED: "running", JobState.RESIZING: "running",
-    JobState.STOPPED: "running",
-    JobState.COMPLETED: "done",
-    JobState.CANCELLED: "cancelled", JobState.REVOKED: "cancelled",
-    JobState.FAILED: "failed", JobState.TIMEOUT: "failed", JobState.NODE_FAIL: "failed",
-    JobState.OUT_OF_MEMORY: "failed", JobState.BOOT_FAIL: "failed", JobState.DEADLINE: "failed",
-    JobState.PREEMPTED: "failed", JobState.SPECIAL_EXIT: "failed",
-}
-
-# The states a job never leaves, by name, sorted: submit.sh's live-chain rule is rendered from them.
-TERMINAL_STATES: Tuple[str, ...] = tuple(sorted(s.value for s in JobState if s.ended))
 
 
 @dataclass(frozen=True)
@@ -142,6 +78,14 @@ def _run(argv: List[str], timeout_s: float) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 127, "", str(err))
 
 
+def hostnames(nodelist: str, timeout_s: float = 20) -> List[str]:
+    """A job step's hosts in node-id order (``scontrol show hostnames``); [] when Slurm does not say."""
+    if not nodelist:
+        return []
+    proc = _run(["scontrol", "show", "hostnames", nodelist], timeout_s)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
 @dataclass(frozen=True)
 class SlurmQueue:
     """Asks slurmctld (and slurmdbd) about jobs; every answer parsed by this module's parsers.
@@ -192,4 +136,4 @@ class SlurmQueue:
 
 
 __all__ = ["JobState", "QueuedJob", "SACCT_FIELDS", "SQUEUE_FORMAT", "SlurmQueue", "SlurmUnreachable",
-           "TERMINAL_STATES", "parse_record", "parse_sacct", "parse_squeue"]
+           "TERMINAL_STATES", "hostnames", "parse_record", "parse_sacct", "parse_squeue"]

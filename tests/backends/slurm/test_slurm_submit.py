@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.launch.slurm import SubmissionError, submit_chain
+from fsdp_workflow.backends.slurm.submit import SubmissionError, submit_chain
 from fsdp_workflow.plan.jobs import sbatch_argv
 from fsdp_workflow.plan.spec import build_plan
 
@@ -45,7 +45,7 @@ def test_log_dir_is_where_every_job_writes(tmp_path: Path) -> None:
 
 def test_without_slurm_the_cluster_checks_are_skipped_with_how_to_run_them(tmp_path: Path, monkeypatch,
                                                                              caplog) -> None:
-    from fsdp_workflow.launch.slurm import check_limits
+    from fsdp_workflow.backends.slurm.submit import check_limits
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={tmp_path / 'run'}"])

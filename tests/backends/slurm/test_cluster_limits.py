@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.launch.cluster_check import check_chain, memory_mb, satisfies, skipped_line
-from fsdp_workflow.launch.cluster_info import (
+from fsdp_workflow.backends.slurm.cluster_check import check_chain, memory_mb, satisfies, skipped_line
+from fsdp_workflow.backends.slurm.cluster_info import (
     Accounting,
     ClusterLimits,
     gres_count,
@@ -28,7 +28,7 @@ from fsdp_workflow.launch.cluster_info import (
     parse_sinfo,
     slurm_minutes,
 )
-from fsdp_workflow.core.reasons import explain
+from fsdp_workflow.backends.slurm.reasons import explain
 from fsdp_workflow.plan.spec import build_plan
 
 PARTITIONS = """\

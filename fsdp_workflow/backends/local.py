@@ -37,16 +37,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from fsdp_workflow.backends.base import JobState
+from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.launch.chain_guard import finished_message
-from fsdp_workflow.launch.torchrun_io import OutputFilter, descendants, output_channel
+from fsdp_workflow.backends.slurm.chain_guard import finished_message
+from fsdp_workflow.backends.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan, SbatchJob
-from fsdp_workflow.plan.render import runtime_argv
+from fsdp_workflow.plan.render import render_all, runtime_argv
+from fsdp_workflow.plan.spec import build_plan
 
 log = logging.getLogger(__name__)
 
@@ -375,3 +379,39 @@ _JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict], Optional[int]]] 
     "train": _train,
     "consolidate": _consolidate,
 }
+
+
+class LocalBackend:
+    """This machine: the chain runs in the foreground, in order, under the run directory's lock.
+
+    There is no queue: :meth:`states` knows no job, :meth:`cancel` has nothing to cancel
+    (Ctrl-C stops a foreground run), and :meth:`live` leaves a second run to the lock.
+    """
+
+    kind = ClusterKind.local.value
+    queued = False
+
+    def issues(self, cfg: WorkflowConfig, plan: LaunchPlan) -> ValidationReport:
+        return ValidationReport()
+
+    def plan(self, cfg: WorkflowConfig, layout: RunDir) -> LaunchPlan:
+        return build_plan(cfg)
+
+    def render(self, plan: LaunchPlan) -> Dict[str, str]:
+        # a local run directory holds the batch scripts too: `bash submit.sh` submits it on a cluster later
+        return render_all(plan)
+
+    def submit(self, cfg: WorkflowConfig, plan: LaunchPlan, lock: Optional[Lock] = None) -> int:
+        return run_local(plan, consolidate=cfg.consolidate.enabled, lock=lock)
+
+    def states(self, job_ids: Sequence[str]) -> Dict[str, JobState]:
+        return {job_id: JobState.UNKNOWN for job_id in job_ids}
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        return None
+
+    def live(self, layout: RunDir) -> Optional[str]:
+        return None
+
+    def dry_run_notes(self, run_dir: str) -> List[str]:
+        return []

@@ -1,0 +1,57 @@
+"""``cluster.kind`` value -> the :class:`~fsdp_workflow.backends.base.Backend` that runs it.
+
+The one place a backend is registered and the one place that asks which kind a run is
+(:func:`is_slurm`, for the few callers that only make sense on Slurm: the Python API's
+handles, ``fsdp_workflow.check``). Adding a backend is a module in this package, a line
+in :data:`BACKENDS` and its value in ``config/schema.py``'s ``ClusterKind``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+from fsdp_workflow.backends.base import Backend
+from fsdp_workflow.backends.local import LocalBackend
+from fsdp_workflow.backends.slurm.backend import SlurmBackend
+from fsdp_workflow.config.record import open_run
+from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
+
+BACKENDS: Dict[str, Backend] = {b.kind: b for b in (LocalBackend(), SlurmBackend())}
+
+
+def register(backend: Backend) -> None:
+    """Add (or replace) the backend for ``backend.kind`` (tests register a fake scheduler this way)."""
+    BACKENDS[backend.kind] = backend
+
+
+def backend_for(cfg: WorkflowConfig) -> Backend:
+    """The backend ``cfg.cluster.kind`` names.
+
+    Raises:
+        ValueError: a kind with no backend registered (a programming error, caught by tests/backends).
+    """
+    kind = cfg.cluster.kind.value if isinstance(cfg.cluster.kind, ClusterKind) else str(cfg.cluster.kind)
+    try:
+        return BACKENDS[kind]
+    except KeyError:
+        raise ValueError(f"cluster.kind={kind!r} has no backend; known: {', '.join(BACKENDS)}") from None
+
+
+def is_slurm(cfg: WorkflowConfig) -> bool:
+    """The run goes to Slurm: only this module asks; everyone else asks the backend."""
+    return backend_for(cfg).kind == ClusterKind.slurm.value
+
+
+def live_problem(run_dir: Path) -> Optional[str]:
+    """Why a chain recorded in ``run_dir`` still runs, asked of every backend (a local plan over a run
+    whose Slurm chain is queued is refused too); None when none does."""
+    layout = open_run(run_dir).layout
+    for backend in BACKENDS.values():
+        problem = backend.live(layout)
+        if problem:
+            return problem
+    return None
+
+
+__all__ = ["BACKENDS", "backend_for", "is_slurm", "live_problem", "register"]
