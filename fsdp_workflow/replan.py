@@ -31,7 +31,7 @@ from fsdp_workflow.config.load import load_run_config
 from fsdp_workflow.core.config_hash import PROVENANCE_KEY, file_sha256
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT, RunDir, atomic_write_json
-from fsdp_workflow.backends.registry import live_problem
+from fsdp_workflow.backends.registry import backend_for, live_problem
 from fsdp_workflow.plan.checks import check
 from fsdp_workflow.plan.run_dir import write_run_dir
 
@@ -69,7 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if problem:
         return _fail(problem)
     try:
-        plan = write_run_dir(cfg)
+        plan = write_run_dir(cfg, backend_for(cfg))
     except (ConfigError, ValueError) as err:
         return _fail(f"{err}")
     prov = json.loads(layout.provenance.read_text())

@@ -12,10 +12,12 @@ modules that cannot be understood, moved or tested apart.
                  ^----  report (status, model card, curves: above train, consolidate, data, backends)  <-  status (its CLI alias)
     preflight (core, config, plan: the snapshot's hash), run in the training job before torchrun
 
-``backends`` (schedulers behind one protocol) sits above ``plan``: a backend plans, renders and
-submits. Its pure parts (:data:`BACKEND_PURE`: the job-state and role vocabulary, Slurm's queue
-readers and reasons) import ``core`` alone, so the planner (``submit.sh``'s rendered guard) and the
-report stage (job states) read them from below without a loop. ``report`` may import the whole of
+``backends`` (schedulers behind one protocol) sits above ``plan``: a backend plans, renders
+(Slurm's batch scripts and ``submit.sh`` are ``backends/slurm/render.py``'s, from ``plan/render.py``'s
+shell words) and submits; ``plan/run_dir.write_run_dir`` is handed the backend by its caller. Its pure
+parts (:data:`BACKEND_PURE`: the job-state and role vocabulary, Slurm's queue readers and reasons)
+import ``core`` alone, so the planner (the roles) and the report stage (job states) read them from
+below without a loop. ``report`` may import the whole of
 ``backends`` (``status`` asks a backend for its jobs' states); nothing below ``report`` imports it.
 
 The run record (``config/record.py``) sits in ``config``: every stage that reads a run
@@ -194,11 +196,12 @@ def test_the_backends_pure_parts_exist_and_their_packages_import_nothing() -> No
 
 
 def test_planning_stays_torch_free() -> None:
-    """``import fsdp_workflow.plan`` (and the backends' pure parts it reads) loads no torch: login nodes plan."""
+    """``import fsdp_workflow.plan`` (and the backends that render and submit its scripts) loads no torch: login nodes plan."""
     import subprocess
     import sys
 
-    code = ("import sys, fsdp_workflow.plan.spec, fsdp_workflow.plan.render, fsdp_workflow.backends.base; "
+    code = ("import sys, fsdp_workflow.plan.spec, fsdp_workflow.plan.render, fsdp_workflow.backends.base, "
+            "fsdp_workflow.backends.registry, fsdp_workflow.backends.slurm.render; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

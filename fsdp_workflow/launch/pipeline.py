@@ -22,7 +22,7 @@ from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.backends.base import Refused, refused
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
-from fsdp_workflow.backends.registry import live_problem
+from fsdp_workflow.backends.registry import backend_for, live_problem
 from fsdp_workflow.plan.checks import check
 from fsdp_workflow.plan.estimate import memory_warning, summary_lines
 from fsdp_workflow.plan.jobs import LaunchPlan
@@ -109,7 +109,7 @@ def write_checked(cfg: WorkflowConfig, report: ValidationReport,
     if live:
         raise Refused(f"fsdp_workflow: refused: {live}")
     try:
-        plan = write_run_dir(cfg, command=command)
+        plan = write_run_dir(cfg, backend_for(cfg), command=command)
     except InputsChanged as err:  # a finished run, on other data or another model directory
         raise refused(str(err), heading="the inputs of this finished run changed; nothing run") from None
     except ValueError as err:  # an unrenderable value, named by the renderer; a ConfigError's own text

@@ -1,9 +1,8 @@
 """The launch as data: jobs, their options, the commands they run, how they are submitted.
 
 :func:`fsdp_workflow.plan.spec.build_plan` fills these from a config;
-:mod:`fsdp_workflow.plan.render` turns them into the run directory's scripts;
-:mod:`fsdp_workflow.backends.slurm.submit` runs the very ``sbatch`` commands that
-``submit.sh`` renders. Nothing here touches the filesystem.
+:mod:`fsdp_workflow.backends.slurm.render` turns them into the run directory's scripts
+and ``sbatch`` commands, which :mod:`fsdp_workflow.backends.slurm.submit` runs. Nothing here touches the filesystem.
 """
 
 from __future__ import annotations
@@ -67,29 +66,6 @@ class SbatchJob:
     def as_step(self, argv: List[str]) -> List[str]:
         """``argv`` as the batch script runs it: behind :attr:`step_prefix`."""
         return [*self.step_prefix, *argv]
-
-
-def sbatch_argv(job: SbatchJob, run_dir: Path, after_id: Optional[str] = None,
-                extra: Tuple[str, ...] = ()) -> List[str]:
-    """The ``sbatch`` command that submits ``job``: the same list for ``submit.sh`` and for Python.
-
-    Args:
-        job: the job.
-        run_dir: where its batch script lies.
-        after_id: the job id it depends on (``afterok``), when ``job.after`` is set;
-            an :class:`Expand` such as ``${train_id}`` in a rendered script.
-        extra: more sbatch options, before the script (``--dependency=singleton``).
-    """
-    argv = ["sbatch", "--parsable"]
-    if job.after is not None:
-        if after_id is None:
-            raise ValueError(f"the {job.role} job waits for the {job.after} job: pass its id")
-        dep = f"--dependency=afterok:{after_id}"
-        # Cancelling (or failing) the job waited for cancels this one instead of leaving it pending forever.
-        argv += [Expand(dep) if isinstance(after_id, Expand) else dep, "--kill-on-invalid-dep=yes"]
-    argv += list(extra)
-    argv += [f"--{key}={value}" for key, value in sorted(job.path_options.items())]
-    return argv + [str(run_dir / job.script)]
 
 
 @dataclass

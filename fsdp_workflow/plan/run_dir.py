@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 from omegaconf import OmegaConf
@@ -50,9 +50,11 @@ from fsdp_workflow.core.rundir import (
 )
 from fsdp_workflow.plan.inputs import changed_inputs, fingerprint_inputs
 from fsdp_workflow.plan.jobs import LaunchPlan
-from fsdp_workflow.plan.render import render_all, render_launch_env
+from fsdp_workflow.plan.render import render_launch_env
 from fsdp_workflow.plan.snapshot import write_snapshot
-from fsdp_workflow.plan.spec import build_plan
+
+if TYPE_CHECKING:
+    from fsdp_workflow.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +309,13 @@ def written_names(plan: LaunchPlan) -> List[str]:
     return names
 
 
-def write_run_dir(cfg: WorkflowConfig, command: Optional[Sequence[str]] = None) -> LaunchPlan:
+def write_run_dir(cfg: WorkflowConfig, backend: "Backend", command: Optional[Sequence[str]] = None) -> LaunchPlan:
     """Create ``cfg.run_dir`` and write everything a launch needs into it.
 
     Args:
         cfg: the validated config.
+        backend: the run's scheduler (:func:`fsdp_workflow.backends.registry.backend_for`): it plans
+            the chain and renders its scripts. Passed in because the backends sit above this stage.
         command: the planning command for ``provenance.json`` (resume commands are built
             from it); default ``sys.argv``, the CLI's. The Python API passes the command
             line that plans the same run.
@@ -333,9 +337,9 @@ def write_run_dir(cfg: WorkflowConfig, command: Optional[Sequence[str]] = None) 
     command = list(sys.argv if command is None else command)
     inputs = fingerprint_inputs(cfg)
     check_inputs_unchanged(cfg, inputs, command)
-    plan = build_plan(cfg)
+    plan = backend.plan(cfg, run_layout(cfg))
     launch_env = render_launch_env(accelerate_env(cfg))  # may refuse a value: before anything is written
-    scripts: Dict[str, str] = render_all(plan)
+    scripts: Dict[str, str] = backend.render(plan)
     layout = plan.layout
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's directory

@@ -21,6 +21,7 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.backends.local import run_local, shown
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 from tests.launch.test_complete_inputs import save_step
 
@@ -48,7 +49,7 @@ def _bin(tmp_path: Path, name: str, text: str) -> Path:
 def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, delay_s: int, tmp_path: Path) -> None:
     """The exact script, read by torchrun's own parser: both signals forwarded, the checkpoint budget waited."""
     cfg = compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir={tmp_path / 'run'}"])
-    plan = write_run_dir(cfg)
+    plan = write_run_dir(cfg, backend_for(cfg))
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))}
     env.update(PATH=f"{_bin(tmp_path, 'torchrun', FAKE_TORCHRUN)}:{env['PATH']}", REPORT=str(report),
@@ -82,7 +83,8 @@ def test_the_log_shows_a_step_as_pasted_and_in_an_image_the_runtimes_command(tmp
 
 def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, monkeypatch, caplog) -> None:
     """A marker left by an earlier preempted run in the same directory is forgotten before training."""
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     (plan.run_dir / REQUEUE_MARKER).write_text("step 10\n")
     failing = _bin(tmp_path, "torchrun", "#!/bin/sh\necho 'torchrun: worker failed' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{failing}:{os.environ['PATH']}")
@@ -94,7 +96,8 @@ def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, 
 @pytest.mark.parametrize("child", ["os.kill(os.getpid(), signal.SIGINT)", "sys.exit(130)"])
 def test_ctrl_c_during_prepare_exits_130_with_what_to_do(child: str, tmp_path: Path, capsys) -> None:
     """A prepare step ended by Ctrl-C (killed by SIGINT, or exiting 130) is reported as such, not as a failure."""
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     code = f"import os, signal, sys; {child}"
     prepare = plan.job("prepare")
     assert prepare is not None
@@ -107,7 +110,8 @@ def test_ctrl_c_during_prepare_exits_130_with_what_to_do(child: str, tmp_path: P
 
 def test_the_local_launcher_runs_the_plans_chain_in_order(tmp_path: Path, capfd) -> None:
     """Each job of ``plan.chain`` runs its one command, in the chain's order (no order of its own)."""
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "train.ema_decay=0.9"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "train.ema_decay=0.9"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     trace = tmp_path / "trace"
 
     def note(word: str) -> list:
@@ -131,7 +135,8 @@ def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_
     """A finished run with its model is not trained or merged again; an earlier, shorter run's model is replaced."""
     import dataclasses
 
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     last = plan.max_steps if trained_to == "max_steps" else plan.max_steps // 2
     save_step(plan.layout.step_dir(last))  # a real DCP save: "complete" checks it as resume does
     plan.layout.hf_model.mkdir()
@@ -170,7 +175,8 @@ def _holder(lock_path: Path) -> subprocess.Popen:
 
 
 def test_run_local_refuses_a_run_dir_locked_by_another_process(tmp_path: Path, monkeypatch, caplog) -> None:
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     ran = tmp_path / "ran"
     fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")

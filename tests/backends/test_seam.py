@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import List
+from typing import List, Set
 
 import pytest
 
@@ -31,10 +31,11 @@ COMMANDS = ("sbatch", "squeue", "scontrol", "sacct", "scancel")
 _AS_COMMAND = re.compile(r"(?:^\s*|\$\(\s*|[|;`!]\s*|&&\s*|\bthen\s+|\bdo\s+)(" + "|".join(COMMANDS) + r")(?=\s|$)",
                          re.MULTILINE)
 
-# Not moved yet (issue 40, item 2): the batch scripts' renderer writes these commands into
-# submit.sh, train.sbatch and post_checkpoint.sh, and plan/jobs.sbatch_argv builds the sbatch
-# command both routes run. Each must still offend (the list only shrinks).
-NOT_YET_MOVED = {"plan/render.py", "plan/jobs.py"}
+# Files outside backends/slurm still allowed to speak Slurm, each of which must still offend (the
+# list only shrinks). Empty: the batch scripts' renderer and sbatch_argv moved to backends/slurm/render.py.
+NOT_YET_MOVED: Set[str] = set()
+# What moved in, and would offend anywhere else: the proof that the ban above is not vacuous.
+MOVED_IN = ("render.py", "submit.py", "queue.py")
 
 
 def _strings(tree: ast.AST) -> List[ast.Constant]:
@@ -81,9 +82,18 @@ def test_slurm_commands_only_in_the_slurm_backend() -> None:
     assert offences == [], "ask the backend (fsdp_workflow.backends.registry.backend_for) instead:\n" + "\n".join(offences)
 
 
-@pytest.mark.parametrize("rel", sorted(NOT_YET_MOVED))
-def test_the_not_yet_moved_list_only_shrinks(rel: str) -> None:
-    assert command_offences((PACKAGE / rel).read_text()), f"{rel} speaks no Slurm any more: drop it from NOT_YET_MOVED"
+def test_the_not_yet_moved_list_only_shrinks() -> None:
+    """Each exception still speaks Slurm (else it goes from the list), and none is in backends/slurm already."""
+    for rel in sorted(NOT_YET_MOVED):
+        assert not (PACKAGE / rel).is_relative_to(SLURM_DIR), f"{rel} is in backends/slurm: drop it from NOT_YET_MOVED"
+        assert command_offences((PACKAGE / rel).read_text()), f"{rel} speaks no Slurm any more: drop it from NOT_YET_MOVED"
+
+
+@pytest.mark.parametrize("name", MOVED_IN)
+def test_what_moved_in_would_be_caught_outside(name: str) -> None:
+    """The renderer (sbatch, squeue, scancel, scontrol in submit.sh and the batch scripts), the submitter and the
+    queue reader each offend by the rule: put back outside backends/slurm, the ban above would fail."""
+    assert command_offences((SLURM_DIR / name).read_text()), f"backends/slurm/{name} no longer speaks Slurm"
 
 
 def test_is_slurm_only_in_the_registry() -> None:

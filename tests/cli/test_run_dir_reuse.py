@@ -74,11 +74,12 @@ def test_checkpoint_resume_inside_the_run_dir_continues_it_under_a_new_config(tm
 def test_only_resubmission_keys_are_ignored(tmp_path: Path) -> None:
     from fsdp_workflow.config.errors import ConfigError
     from fsdp_workflow.config.load import compose
+    from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import check_run_dir_reuse, write_run_dir
 
     run_dir = tmp_path / "run"
     cfg = compose(["+experiment=smoke", "dry_run=true", f"run_dir={run_dir}"])
-    write_run_dir(cfg)
+    write_run_dir(cfg, backend_for(cfg))
     same_run = dataclasses.replace(
         cfg, dry_run=False, run_dir=str(run_dir) + "/",
         checkpoint=dataclasses.replace(cfg.checkpoint, resume="none"),

@@ -27,6 +27,7 @@ from fsdp_workflow.config import compose
 from fsdp_workflow.container import EnvFilter, RUNTIMES, bind_list
 from fsdp_workflow.plan.checks import check as validate
 from fsdp_workflow.plan.render import env_filter_program
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 from fsdp_workflow.plan.spec import wrap_argv
 
@@ -132,7 +133,7 @@ def probe_job(ch_run: str, tmp_path: Path, outside_tmp: Path):
     image, run_dir = tmp_path / "image", tmp_path / "run"
     cfg = _charliecloud(image, run_dir, f"data.path={data}")
     build_image(image, cfg)
-    write_run_dir(cfg)
+    write_run_dir(cfg, backend_for(cfg))
     env = _host_env(SLURM_JOB_ID="4242", NCCL_SOCKET_IFNAME="ib0", SECRET_TOKEN="do-not-leak",
                     PYTHONPATH=str(outside_tmp), HOME=str(outside_tmp))
     return cfg, run_dir, data, env

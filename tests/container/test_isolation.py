@@ -23,6 +23,7 @@ import pytest
 
 from fsdp_workflow.config import compose
 from fsdp_workflow.plan.spec import wrap_argv
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 
 FAKE = Path(__file__).with_name("fake_apptainer.py")
@@ -74,7 +75,7 @@ def job(tmp_path: Path):
     cfg = compose(["+experiment=smoke", "container=apptainer", f"container.image={image}",
                    f"data.path='{data}'", f"model.name_or_path={model}", "cluster.device=cpu",
                    f'run_dir="{run_dir}"'])
-    write_run_dir(cfg)
+    write_run_dir(cfg, backend_for(cfg))
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
            "NCCL_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "node1", "PYTHONPATH": str(tmp_path / "not bound"),
            "SECRET_TOKEN": "do-not-leak", "APPTAINERENV_SNEAKY": "1", "HOME": str(tmp_path / "not bound")}

@@ -16,7 +16,8 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import RUNTIMES, EnvFilter, bind_list, bind_paths, srun_container_args
 from fsdp_workflow.plan.checks import check as validate
-from fsdp_workflow.plan.render import env_filter_program, render_all
+from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.plan.render import env_filter_program
 from fsdp_workflow.plan.spec import build_plan, wrap_argv
 
 from golden_files import fix_interpreter, mask_config_hash  # tests/golden_files.py

@@ -15,6 +15,7 @@ from fsdp_workflow.config import compose
 from fsdp_workflow.config.errors import ConfigError
 from fsdp_workflow.core.commands import hydra_value
 from fsdp_workflow.backends.slurm.chain_guard import finished_message
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import check_run_dir_reuse, write_run_dir
 from tests.launch.test_complete_inputs import save_step
 
@@ -24,7 +25,8 @@ from tests.launch.test_complete_inputs import save_step
 def test_the_advice_to_train_further_is_accepted_by_the_planner(name: str, local: bool, tmp_path: Path) -> None:
     run_dir = tmp_path / name / "run"
     base = ["+experiment=smoke", f"run_dir={hydra_value(str(run_dir))}"]
-    plan = write_run_dir(compose([*base, "dry_run=true"]))
+    cfg = compose([*base, "dry_run=true"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     save_step(plan.layout.step_dir(plan.max_steps))
     plan.layout.hf_model.mkdir()
     message, rc = finished_message(plan.layout, plan.max_steps, consolidates=True, local=local)
@@ -38,7 +40,8 @@ def test_the_advice_to_train_further_is_accepted_by_the_planner(name: str, local
 
 
 def test_a_run_whose_checkpoints_were_removed_says_it_starts_from_the_model(tmp_path: Path) -> None:
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "dry_run=true"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "dry_run=true"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     plan.layout.hf_model.mkdir()
     message, rc = finished_message(plan.layout, plan.max_steps, consolidates=True)
     assert rc == 0 and "trained to step ? of" in message
@@ -46,7 +49,8 @@ def test_a_run_whose_checkpoints_were_removed_says_it_starts_from_the_model(tmp_
 
 
 def test_a_shorter_runs_model_stops_the_slurm_route_and_not_the_local_one(tmp_path: Path) -> None:
-    plan = write_run_dir(compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "dry_run=true"]))
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", "dry_run=true"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     save_step(plan.layout.step_dir(plan.max_steps // 2))
     plan.layout.hf_model.mkdir()
     message, rc = finished_message(plan.layout, plan.max_steps, consolidates=True)

@@ -10,6 +10,7 @@ from fsdp_workflow.config.model_size import num_params
 from fsdp_workflow.config.validate import validate
 from fsdp_workflow.plan.checks import check
 from fsdp_workflow.plan.estimate import GIB, estimate_memory, summary_lines
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 
 SITE = ["cluster.partition=gpu", "data.path=/data/sft.jsonl"]
@@ -19,7 +20,7 @@ def test_llama70b_tp_plans_as_a_dry_run(tmp_path) -> None:
     """4 nodes x 8 GPUs, tp 8 in a node: 4-way data parallel, 1/32 of the weights per GPU, under 80 GiB."""
     cfg = compose(["+experiment=llama70b_tp", *SITE, "dry_run=true", f"run_dir={tmp_path / 'plan'}"])
     assert check(cfg).errors == []
-    write_run_dir(cfg)
+    write_run_dir(cfg, backend_for(cfg))
     env = read_launch_env(tmp_path / "plan" / "launch.env")
     assert {k: v for k, v in env.items() if k.startswith("PARALLELISM_CONFIG_")} == {
         "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "4",

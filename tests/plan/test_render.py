@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.plan.render import render_all, shell_join
+from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.plan.render import shell_join
 from fsdp_workflow.plan import spec
 from fsdp_workflow.plan.spec import build_plan
 
@@ -178,11 +179,12 @@ def _fake_bin(tmp: Path, name: str) -> Path:
 
 
 def test_hostile_run_dir_reaches_the_launcher_as_one_argument(weird_dir: Path, tmp_path: Path) -> None:
+    from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import write_run_dir
 
     cfg = compose(["+experiment=smoke"])
     cfg.run_dir = str(weird_dir)  # set directly: Hydra's override grammar has no newline escape
-    plan = write_run_dir(cfg)
+    plan = write_run_dir(cfg, backend_for(cfg))
     for script in ("train_node.sh", "train.sbatch", "submit.sh", "consolidate.sbatch"):
         res = subprocess.run(["bash", "-n", str(weird_dir / script)], capture_output=True, text=True)
         assert res.returncode == 0, f"{script}: {res.stderr}"
@@ -247,10 +249,12 @@ def test_cpu_jobs_remove_their_staging_and_record_their_exit_on_every_way_out(tm
     """consolidate.sbatch and eval.sbatch run by bash (no Slurm), their step failing (the interpreter
     is missing): the consolidation's .hf_model.tmp-* and the evaluation's pending link are gone, and each
     left its exit record; an edited config.yaml stops a job before its step with cause config_changed."""
+    from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import write_run_dir
 
     run = tmp_path / "run dir"
-    plan = write_run_dir(_cfg("smoke", str(run), "consolidate.every_checkpoint=true", "cluster=slurm"))
+    cfg = _cfg("smoke", str(run), "consolidate.every_checkpoint=true", "cluster=slurm")
+    plan = write_run_dir(cfg, backend_for(cfg))
     layout = plan.layout
     debris = [run / ".hf_model.tmp-4242", run / ".hf_model_ema.tmp-7"]
     for d in debris:

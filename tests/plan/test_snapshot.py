@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.container.wrap import explicit_env
+from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 from fsdp_workflow.plan.snapshot import content_hash, package_files, write_snapshot
 
@@ -43,7 +44,7 @@ def test_every_job_script_and_the_container_put_the_snapshot_first(weird_dir: Pa
     run = weird_dir / "run"
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", "consolidate.every_checkpoint=true"])
     cfg.run_dir = str(run)  # set directly: Hydra's override grammar has no newline escape
-    plan = write_run_dir(cfg)
+    plan = write_run_dir(cfg, backend_for(cfg))
     line = plan.layout.code
     assert (line / "fsdp_workflow" / "train" / "loop.py").is_file()
     for name in ("prepare.sbatch", "train.sbatch", "consolidate.sbatch", "eval.sbatch"):
@@ -64,11 +65,11 @@ def test_every_job_script_and_the_container_put_the_snapshot_first(weird_dir: Pa
 
 def test_a_job_started_in_a_checkout_imports_the_snapshot_not_the_checkout(tmp_path: Path) -> None:
     """`python -m` puts the working directory first: a job submitted from an edited checkout must not import it."""
-    from fsdp_workflow.plan.render import site_env_lines
+    from fsdp_workflow.backends.slurm.render import site_env_lines
 
     run = tmp_path / "run"
-    plan = write_run_dir(compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug",
-                                  f"run_dir={run}"]))
+    cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
     checkout = tmp_path / "checkout"
     (checkout / "fsdp_workflow").mkdir(parents=True)  # the submit directory holds an edited copy of the package
     (checkout / "fsdp_workflow" / "__init__.py").write_text("raise SystemExit('imported the checkout')\n")
@@ -86,7 +87,7 @@ def test_opting_out_writes_no_snapshot_and_no_pythonpath(tmp_path: Path) -> None
     run = tmp_path / "run"
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}",
                    "cluster.code_snapshot=false"])
-    plan = write_run_dir(cfg)
+    plan = write_run_dir(cfg, backend_for(cfg))
     assert plan.code_dir is None and not (run / "code").exists()
     assert "PYTHONPATH" not in (run / "train.sbatch").read_text() + (run / "consolidate.sbatch").read_text()
     assert json.loads((run / "provenance.json").read_text())["code_snapshot"] is None

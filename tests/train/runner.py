@@ -132,11 +132,12 @@ def write_scripts(run_dir: Path, cfg: Optional[WorkflowConfig] = None) -> Path:
     ``cfg``: the config to write (default: the one ``config.yaml`` holds).
     """
     from fsdp_workflow.config.load import load_run_config
+    from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import write_run_dir
 
     cfg = load_run_config(run_dir / "config.yaml") if cfg is None else cfg
     cfg.run_dir = str(run_dir)  # a copied run dir's config still names its source
-    write_run_dir(cfg)
+    write_run_dir(cfg, backend_for(cfg))
     return run_dir
 
 

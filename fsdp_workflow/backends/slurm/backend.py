@@ -10,12 +10,12 @@ from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
 from fsdp_workflow.backends.slurm.cluster_info import read_cluster
 from fsdp_workflow.backends.slurm.queue import SlurmQueue
+from fsdp_workflow.backends.slurm.render import render_all
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.lock import Lock
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.plan.jobs import LaunchPlan
-from fsdp_workflow.plan.render import render_all
 from fsdp_workflow.plan.spec import build_plan
 
 

@@ -16,7 +16,7 @@ directory):
 - a model written by an earlier, shorter run must be moved aside before the run is
   continued (a larger ``train.max_steps``): :func:`finished_message` refuses, exit 2.
 
-``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.plan.render.chain_guard_lines`)
+``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.backends.slurm.render.chain_guard_lines`)
 and asks this module whether the run is complete, with the planning interpreter:
 
     python -m fsdp_workflow.launch.chain_guard RUN_DIR --max-steps N [--consolidates]
