@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import List
 
-from fsdp_workflow.config.schema import Device, StrategyName, WorkflowConfig
+from fsdp_workflow.config.schema import Device, WorkflowConfig
+from fsdp_workflow.config.strategies import spec_of
 
 __all__ = ["settle_compile"]
 
@@ -28,13 +29,14 @@ def settle_compile(cfg: WorkflowConfig) -> List[str]:
     if t.compile is not None:
         return []
     cuda = cfg.cluster.device == Device.cuda
-    measured = s.name == StrategyName.fsdp2 and s.tensor_parallel_size == 1 and s.context_parallel_size == 1
+    spec = spec_of(cfg)
+    measured = spec.compile_measured and s.tensor_parallel_size == 1 and s.context_parallel_size == 1
     t.compile = cuda and measured
     if t.compile:
         return ["train.compile: null -> true (FSDP2 on CUDA: the compiled path, 1.01x torchtitan's tokens/s on "
                 "one H100 against eager's 0.83x, docs/training.md); train.compile=false trains eager"]
     if cuda:
-        why = (f"strategy.name={s.name.value}" if s.name != StrategyName.fsdp2 else
+        why = (f"strategy.name={s.name.value}" if not spec.compile_measured else
                "tensor parallelism" if s.tensor_parallel_size > 1 else "context parallelism")
         return [f"train.compile: null -> false ({why}: compile is on by default only where it was measured, "
                 "FSDP2 without tp or cp); train.compile=true compiles anyway"]

@@ -23,12 +23,13 @@ import subprocess
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.errors import Rule, ValidationReport
-from fsdp_workflow.config.schema import ClusterKind, Device, StrategyName, WorkflowConfig
+from fsdp_workflow.config.schema import ClusterKind, Device, WorkflowConfig
+from fsdp_workflow.config.strategies import STRATEGIES
 
 MIN_CAPABILITY = (8, 9)
 FP8_GPUS = "L4, L40S, H100, H200"
 INSTALL = "pip install 'fsdp_workflow[float8]'"
-FLOAT8_STRATEGIES = (StrategyName.fsdp2, StrategyName.ddp)
+FLOAT8_STRATEGIES = tuple(name for name, spec in STRATEGIES.items() if spec.float8)  # fsdp2, ddp
 
 
 def local_gpus() -> Optional[List[Tuple[str, Tuple[int, int]]]]:
@@ -62,8 +63,9 @@ def check_float8(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 "train.float8=false (or cluster.device=cuda on such GPUs)")
         return
     if s.name not in FLOAT8_STRATEGIES:
-        r.error("train.float8", True, f"float8 is built for strategy=fsdp2 and ddp, not {s.name.value}",
-                "strategy=fsdp2, or train.float8=false")
+        built = " and ".join(name.value for name in FLOAT8_STRATEGIES)
+        r.error("train.float8", True, f"float8 is built for strategy={built}, not {s.name.value}",
+                f"strategy={FLOAT8_STRATEGIES[0].value}, or train.float8=false")
     if s.tensor_parallel_size > 1:
         r.error("train.float8", True,
                 "float8 with tensor parallelism needs torchao's float8 TP styles, which the trainer does not apply",

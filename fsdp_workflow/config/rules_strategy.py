@@ -1,6 +1,9 @@
-"""Strategy rules: FSDP1/FSDP2, DeepSpeed, DDP, and what they allow together.
+"""Strategy rules: the chosen strategy's own (its spec's), and the knobs strategies share or ignore.
 
-Most of these mirror checks Accelerate or torch make only once the model is
+A rule that concerns one strategy alone lives in its spec
+(``fsdp_workflow/config/strategies/``); these are the ones that ask a spec a question
+(does it read the FSDP knobs? which activation checkpointing modes does it apply?).
+Most of them mirror checks Accelerate or torch make only once the model is
 being wrapped on every rank, or things they silently ignore (an FSDP knob
 under DeepSpeed). Catching them here saves a queue wait.
 """
@@ -9,20 +12,16 @@ from __future__ import annotations
 
 from typing import List
 
-from fsdp_workflow.config.accelerate_env import is_deepspeed, is_fsdp
+from fsdp_workflow.config.errors import Rule, ValidationReport
 from fsdp_workflow.config.schema import (
     ActivationCheckpointing,
     AutoWrapPolicy,
-    Device,
-    MixedPrecision,
     OffloadDevice,
-    StrategyConfig,
-    StrategyName,
     TrainConfig,
     WorkflowConfig,
-    deepspeed_stage,
 )
-from fsdp_workflow.config.errors import Rule, ValidationReport
+from fsdp_workflow.config.strategies import STRATEGIES, is_deepspeed, is_fsdp, spec_of
+from fsdp_workflow.config.strategies.base import changed as _changed
 
 
 # Knobs only FSDP reads (Accelerate ignores them under DeepSpeed and DDP).
@@ -31,60 +30,19 @@ FSDP_ONLY = (
     "sharding_strategy", "backward_prefetch", "forward_prefetch", "cpu_ram_efficient_loading",
     "sync_module_states", "use_orig_params",
 )
-FSDP1_ONLY = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states")
 DEEPSPEED_ONLY = ("zero3_init_flag",)
-_DEFAULTS = StrategyConfig(name=StrategyName.fsdp2)
 _TRAIN_DEFAULTS = TrainConfig()
 
 
-def _changed(s: StrategyConfig, names: tuple) -> List[str]:
-    """Fields set away from the schema default (so the user asked for them)."""
-    return [n for n in names if getattr(s, n) != getattr(_DEFAULTS, n)]
-
-
-def check_fsdp_version(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """FSDP1 is deprecated; FSDP2 rejects what only FSDP1 had."""
-    s, o = cfg.strategy, cfg.optimizer
-    if s.name == StrategyName.fsdp1:
-        r.warn(
-            "strategy.name", s.name,
-            "FSDP1 (FlatParameter) is deprecated in PyTorch and Accelerate; FSDP2 (fully_shard, "
-            "DTensor) is maintained, composes with TP and saves DCP checkpoints directly",
-            "strategy=fsdp2",
-        )
-    if s.name != StrategyName.fsdp2:
-        return
-    if o.name.is_bitsandbytes:
-        r.error(
-            "optimizer.name", o.name,
-            "bitsandbytes 8-bit AdamW cannot step FSDP2's DTensor parameters",
-            "optimizer=adamw_torch_8bit (torchao's 8-bit AdamW works with DTensors)",
-        )
-    for name in _changed(s, FSDP1_ONLY):
-        if name == "forward_prefetch":
-            continue  # an error below: Accelerate raises on it
-        r.warn(
-            f"strategy.{name}", getattr(s, name),
-            "an FSDP1-only setting: FSDP2 ignores it",
-            f"drop the override of strategy.{name}, or strategy=fsdp1",
-        )
-    if s.forward_prefetch:
-        r.error(
-            "strategy.forward_prefetch", True,
-            "Accelerate raises: forward_prefetch is not implemented for FSDP2",
-            "strategy.forward_prefetch=false",
-        )
-    if cfg.train.mixed_precision == MixedPrecision.fp16:
-        r.warn(
-            "train.mixed_precision", "fp16",
-            "fp16 under FSDP2 needs a sharded grad scaler and overflows more easily; bf16 is the tested path",
-            "train.mixed_precision=bf16",
-        )
+def check_strategy(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """The chosen strategy's own rules (:attr:`~fsdp_workflow.config.strategies.StrategySpec.rules`)."""
+    for rule in spec_of(cfg).rules:
+        rule(cfg, r)
 
 
 def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Wrapping, offload, RAM-efficient loading and 4-bit weights under FSDP."""
-    s, m, o = cfg.strategy, cfg.model, cfg.optimizer
+    """Wrapping under FSDP (both versions; the version's own knobs are its spec's rules)."""
+    s, m = cfg.strategy, cfg.model
     if not is_fsdp(s.name):
         return
     if s.auto_wrap_policy == AutoWrapPolicy.SIZE_BASED_WRAP and not (s.min_num_params and s.min_num_params > 0):
@@ -111,41 +69,14 @@ def check_fsdp_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             "the whole model becomes one FSDP unit: every forward gathers all parameters at once",
             "strategy.auto_wrap_policy=TRANSFORMER_BASED_WRAP",
         )
-    if s.name == StrategyName.fsdp1 and s.sharding_strategy.value.startswith("HYBRID") and cfg.cluster.nodes == 1:
-        r.warn(
-            "strategy.sharding_strategy", s.sharding_strategy,
-            "hybrid sharding shards within a node and replicates across nodes; on one node it is plain sharding",
-            "strategy.sharding_strategy=FULL_SHARD",
-        )
-    if s.name == StrategyName.fsdp1 and s.offload_params and o.name.is_8bit:
-        r.error(
-            "strategy.offload_params", True,
-            f"FSDP1 parameter offload runs the optimizer step on CPU tensors; the 8-bit optimizer "
-            f"{o.name.value} needs its state on the GPU",
-            "optimizer=adamw (or strategy.offload_params=false)",
-        )
-    if s.name == StrategyName.fsdp1 and s.cpu_ram_efficient_loading and not s.sync_module_states:
-        r.error(
-            "strategy.sync_module_states", False,
-            "with cpu_ram_efficient_loading only rank 0 loads weights; FSDP1 must broadcast them to the others",
-            "strategy.sync_module_states=true (or strategy.cpu_ram_efficient_loading=false)",
-        )
-    if s.name == StrategyName.fsdp1 and cfg.cluster.device == Device.cpu:
-        # Whatever sync_module_states says: Accelerate enables FSDP1 only on accelerators, and the
-        # trainer stops every rank at start ("needs CUDA"). Its sync flags are not a way out.
-        r.error(
-            "strategy.name", s.name,
-            "FSDP1 needs CUDA: Accelerate only enables FSDP1 on accelerators (its sync_module_states raises "
-            "'no available devices' on a CPU host), and this trainer shards on CPU with FSDP2 only",
-            "strategy=fsdp2 for CPU runs (same checkpoint layout), strategy=ddp, or cluster.device=cuda",
-        )
 
 
 def check_activation_checkpointing(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Activation checkpointing: asked once, under a strategy that applies the mode, with a layer count that fits."""
     s, m = cfg.strategy, cfg.model
     mode, every = s.activation_checkpointing, s.activation_checkpointing_every_n_layers
-    if mode != ActivationCheckpointing.every_n_layers and every != _DEFAULTS.activation_checkpointing_every_n_layers:
+    every_changed = _changed(s, ("activation_checkpointing_every_n_layers",))
+    if mode != ActivationCheckpointing.every_n_layers and every_changed:
         r.error(
             "strategy.activation_checkpointing_every_n_layers", every,
             f"only activation_checkpointing=every_n_layers reads it; activation_checkpointing is {mode.value}",
@@ -153,19 +84,15 @@ def check_activation_checkpointing(cfg: WorkflowConfig, r: ValidationReport) -> 
         )
     if mode == ActivationCheckpointing.none:
         return
-    if not is_fsdp(s.name):
+    applies = spec_of(cfg).activation_checkpointing
+    if not applies:
         r.error(
             "strategy.activation_checkpointing", mode,
             f"an FSDP-only knob: {s.name.value} does not apply it",
             "strategy.activation_checkpointing=none model.gradient_checkpointing=true",
         )
-    elif s.name == StrategyName.fsdp1 and mode != ActivationCheckpointing.full:
-        r.error(
-            "strategy.activation_checkpointing", mode,
-            "the selective modes are built on the FSDP2 path only (FSDP1 goes through Accelerate's plugin, "
-            "which checkpoints every layer or none)",
-            "strategy=fsdp2, or strategy.activation_checkpointing=full",
-        )
+    elif mode not in applies:
+        pass  # the strategy's own rule says why and what to use instead
     elif m.gradient_checkpointing:
         r.error(
             "model.gradient_checkpointing", True,
@@ -189,7 +116,7 @@ def check_foreign_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
     if not is_fsdp(s.name):
         if s.offload_params:
             fix = ("strategy.offload_params=false strategy.offload_param_device=cpu"
-                   if s.name == StrategyName.deepspeed_zero3 else "strategy.offload_params=false")
+                   if spec_of(cfg).zero_stage == 3 else "strategy.offload_params=false")
             r.error("strategy.offload_params", True, f"an FSDP-only knob: {s.name.value} ignores it", fix)
         for name in _changed(s, FSDP_ONLY):
             r.warn(
@@ -219,43 +146,8 @@ def check_foreign_knobs(cfg: WorkflowConfig, r: ValidationReport) -> None:
             )
 
 
-def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Stage named twice must agree; offload targets must exist at that stage."""
-    s, o = cfg.strategy, cfg.optimizer
-    if not is_deepspeed(s.name):
-        return
-    named = deepspeed_stage(s.name)
-    stage = s.zero_stage if s.zero_stage is not None else named
-    if s.zero_stage is not None and s.zero_stage != named:
-        r.error(
-            "strategy.zero_stage", s.zero_stage,
-            f"strategy {s.name.value} means ZeRO stage {named}",
-            f"strategy=deepspeed_zero{s.zero_stage} (or strategy.zero_stage={named})"
-            if s.zero_stage in (1, 2, 3) else f"strategy.zero_stage={named}",
-        )
-    if s.offload_param_device != OffloadDevice.none and stage != 3:
-        r.error(
-            "strategy.offload_param_device", s.offload_param_device,
-            f"DeepSpeed offloads parameters only under ZeRO-3 (stage here: {stage})",
-            "strategy=deepspeed_zero3 (or strategy.offload_param_device=none)",
-        )
-    nvme = OffloadDevice.nvme in (s.offload_param_device, s.offload_optimizer_device)
-    if nvme and not s.offload_nvme_path:
-        r.error(
-            "strategy.offload_nvme_path", s.offload_nvme_path,
-            "NVMe offload needs a directory on a local NVMe drive",
-            "strategy.offload_nvme_path=/local_nvme/ds_offload",
-        )
-    if o.name.is_8bit:
-        r.warn(
-            "optimizer.name", o.name,
-            "DeepSpeed partitions optimizer state itself; a client 8-bit optimizer is untested with ZeRO",
-            "optimizer=adamw",
-        )
-
-
-# Strategies whose parameters train.ema_decay can average shard by shard (train/ema.py).
-EMA_STRATEGIES = (StrategyName.fsdp2, StrategyName.ddp)
+# Strategies whose parameters train.ema_decay can average shard by shard (train/ema.py): fsdp2, ddp.
+EMA_STRATEGIES = tuple(name for name, spec in STRATEGIES.items() if spec.ema is None)
 
 
 def check_ema(cfg: WorkflowConfig, r: ValidationReport) -> None:
@@ -268,19 +160,17 @@ def check_ema(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 r.error(f"train.{key}", value, "has no effect without an EMA (train.ema_decay is null)",
                         f"train.ema_decay=0.999 to keep an EMA, or drop train.{key}")
         return
-    if name not in EMA_STRATEGIES:
-        why = ("not implemented for deepspeed: ZeRO partitions and casts the parameters inside its engine, "
-               "so there is no shard to average" if is_deepspeed(name) else
-               "not implemented for fsdp1: its FlatParameter shards do not have the checkpoint's layout")
+    why = spec_of(cfg).ema
+    if why is not None:
+        first, *others = (f"strategy={n.value}" for n in EMA_STRATEGIES)
         r.error("train.ema_decay", t.ema_decay, f"the EMA of the weights is {why}",
-                "strategy=fsdp2 (or strategy=ddp), or train.ema_decay=null")
+                f"{first} (or {' or '.join(others)}), or train.ema_decay=null")
 
 
 RULES: List[Rule] = [
-    check_fsdp_version,
+    check_strategy,
     check_fsdp_knobs,
     check_activation_checkpointing,
     check_foreign_knobs,
-    check_deepspeed,
     check_ema,
 ]

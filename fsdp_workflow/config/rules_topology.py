@@ -11,7 +11,6 @@ import math
 
 from typing import List, Optional
 
-from fsdp_workflow.config.accelerate_env import is_deepspeed, is_fsdp
 from fsdp_workflow.config.schema import (
     ClusterKind,
     Device,
@@ -22,6 +21,7 @@ from fsdp_workflow.config.schema import (
     world_size,
 )
 from fsdp_workflow.config.errors import Rule, ValidationReport
+from fsdp_workflow.config.strategies import is_deepspeed, is_fsdp, spec_of
 
 
 def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:
@@ -126,7 +126,7 @@ def check_parallel_dims(cfg: WorkflowConfig, r: ValidationReport) -> None:
     sizes = {"strategy.dp_replicate_size": rep, "strategy.tensor_parallel_size": tp,
              "strategy.context_parallel_size": cp}
     above = [k for k, v in sizes.items() if v > 1]
-    if above and s.name.value != "fsdp2":
+    if above and not spec_of(cfg).builds_mesh:
         for key in above:
             r.error(
                 key, sizes[key],

@@ -13,7 +13,6 @@ about a second on a login node.
 from __future__ import annotations
 
 import functools
-import math
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -50,7 +49,11 @@ def bounded(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = N
 
 # --------------------------------------------------------------------------- enums
 class StrategyName(str, Enum):
-    """How parameters, gradients and optimizer state are distributed."""
+    """How parameters, gradients and optimizer state are distributed.
+
+    One member per strategy; what each one is lives in its spec
+    (``fsdp_workflow.config.strategies``, and ``fsdp_workflow.train.strategies`` for the trainer).
+    """
 
     fsdp2 = "fsdp2"
     fsdp1 = "fsdp1"
@@ -58,11 +61,6 @@ class StrategyName(str, Enum):
     deepspeed_zero1 = "deepspeed_zero1"
     deepspeed_zero2 = "deepspeed_zero2"
     deepspeed_zero3 = "deepspeed_zero3"
-
-
-def deepspeed_stage(name: StrategyName) -> int:
-    """The ZeRO stage a ``deepspeed_zeroN`` strategy name stands for."""
-    return int(name.value[-1])
 
 
 class AutoWrapPolicy(str, Enum):
@@ -532,25 +530,6 @@ def mesh_shape(cfg: WorkflowConfig) -> Dict[str, int]:
     s = cfg.strategy
     rep, cp, tp = s.dp_replicate_size, s.context_parallel_size, s.tensor_parallel_size
     return {"dp_replicate": rep, "dp_shard": max(world_size(cfg) // max(rep * cp * tp, 1), 1), "cp": cp, "tp": tp}
-
-
-def describe_mesh(strategy: StrategyName, shape: Dict[str, int]) -> str:
-    """The mesh as the planner's summary and the trainer's log say it.
-
-    FSDP2 builds the 4-D mesh (``dp_replicate 1 x dp_shard 4 x cp 1 x tp 2``). The other
-    strategies build none (validation refuses their replicas, CP and TP): every rank is
-    a data-parallel rank, and the words say how the model is held, so that a DDP run does
-    not read as sharded.
-    """
-    if strategy == StrategyName.fsdp2:
-        return " x ".join(f"{dim} {size}" for dim, size in shape.items())
-    if strategy == StrategyName.ddp:
-        held = "each holds the whole model (DDP replicas)"
-    elif strategy == StrategyName.fsdp1:
-        held = "FSDP1 shards the model over all of them"
-    else:
-        held = f"DeepSpeed ZeRO stage {deepspeed_stage(strategy)} over all of them"
-    return f"none ({strategy.value}): {math.prod(shape.values())} data-parallel rank(s); {held}"
 
 
 # Values earlier versions took for a key that is now a choice, and what they mean now: the boolean

@@ -20,14 +20,13 @@ from fsdp_workflow.config.schema import (
     ModelConfig,
     ModelInit,
     OptimizerName,
-    StrategyName,
     WorkflowConfig,
     data_parallel_size,
-    describe_mesh,
     mesh_shape,
     world_size,
 )
 from fsdp_workflow.config.model_dir import effective_config, experts
+from fsdp_workflow.config.strategies import spec_of
 from fsdp_workflow.config.rules_topology import kv_replication
 from fsdp_workflow.config.model_size import count_params, num_params
 from fsdp_workflow.data.summary import summary_lines as data_summary_lines
@@ -95,28 +94,16 @@ def estimate_memory(cfg: WorkflowConfig) -> MemoryEstimate:
     split_seq, split_layer = mesh["cp"], mesh["cp"] * mesh["tp"]
     opt = _optimizer_bytes(cfg.optimizer.name) * p
     low = 2 if cfg.train.mixed_precision != MixedPrecision.no else 4
-    s = cfg.strategy.name
-    if s == StrategyName.fsdp2:
-        # fp32 sharded master params and grads; the optimizer follows the shards.
-        shards = mesh["tp"] * mesh["dp_shard"] * mesh["cp"]
-        params, grads, opt = 4 * p / shards, 4 * p / shards, opt / shards
-    elif s == StrategyName.fsdp1:
-        params, grads, opt = 4 * p / world, 4 * p / world, opt / world
-    elif s == StrategyName.deepspeed_zero1:
-        params, grads, opt = low * p + 4 * p / world, low * p, opt / world
-    elif s == StrategyName.deepspeed_zero2:
-        params, grads, opt = low * p + 4 * p / world, low * p / world, opt / world
-    elif s == StrategyName.deepspeed_zero3:
-        params, grads, opt = (low + 4) * p / world, low * p / world, opt / world
-    else:  # ddp: everything replicated
-        params, grads = 4 * p, 4 * p
+    spec = spec_of(cfg)
+    # Per rank, by how the strategy shards them (its spec's memory terms).
+    params, grads, opt = spec.memory(p, opt, low, mesh, world)
     m, t = cfg.model, cfg.train
     hf = effective_config(m)
     hidden, vocab = int(hf.get("hidden_size") or m.hidden_size), int(hf.get("vocab_size") or m.vocab_size)
     layers = int(hf.get("num_hidden_layers") or m.num_hidden_layers)
     root = vocab * hidden * (1 if hf.get("tie_word_embeddings", m.tie_word_embeddings) else 2)
     gathered = 0.0
-    if s in (StrategyName.fsdp1, StrategyName.fsdp2):
+    if spec.gathers_weights:
         # The root unit (embeddings, lm_head) stays gathered through forward and backward; a layer is
         # gathered while the one before it runs (prefetch). Compute dtype, whole (the root not over tp).
         gathered = low * (root + 2 * max(p - root, 0) / max(layers, 1) / mesh["tp"])
@@ -190,7 +177,7 @@ def summary_lines(cfg: WorkflowConfig) -> List[str]:
         "model        " + model_line(cfg.model),
         f"strategy     {cfg.strategy.name.value}, mixed precision {t.mixed_precision.value}",
         f"world size   {world} = {c.nodes} node(s) x {c.processes_per_node} process(es), data parallel {dp}",
-        "mesh         " + describe_mesh(cfg.strategy.name, mesh_shape(cfg)),
+        "mesh         " + spec_of(cfg).describe_mesh(mesh_shape(cfg)),
         f"global batch {global_batch} sequences = micro {t.micro_batch_size} x accum {t.grad_accum_steps} x dp {dp}",
         f"tokens/step  {global_batch * t.seq_len:,} (seq_len {t.seq_len}); {t.max_steps} steps "
         f"= {global_batch * t.seq_len * t.max_steps / 1e9:.3g} B tokens",

@@ -11,8 +11,8 @@
   engine writes the ``model`` and ``optimizer`` parts, every other part rides in
   its ``client_state`` under its key. Synchronous, same tmp-then-rename commit.
 
-:func:`make_checkpointer` picks one for the strategy: the only place the
-training loop's path depends on it.
+:func:`fsdp_workflow.train.strategies.make_checkpointer` picks one: each strategy's
+trainer half names its checkpointer (:func:`dcp_checkpointer` unless it says otherwise).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from fsdp_workflow.config.accelerate_env import is_deepspeed
 from fsdp_workflow.config.schema import CheckpointConfig
 from fsdp_workflow.train import fault_hooks, resume
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointError, CheckpointSaveError, barrier
@@ -186,22 +185,13 @@ def _raise_save_failure(directory: CheckpointDir, step: int, exc: BaseException)
     raise CheckpointSaveError(step, tmp, detail) from exc
 
 
-def make_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared: Prepared,
-                      timeout_s: float) -> Checkpointer:
-    """The checkpointer for ``prepared.strategy`` (``cfg.strategy.name``): DeepSpeed's engine, or DCP otherwise.
+def dcp_checkpointer(directory: CheckpointDir, cfg: CheckpointConfig, prepared: Prepared,
+                     timeout_s: float) -> Checkpointer:
+    """The DCP checkpointer, every strategy's but DeepSpeed's (arguments: :func:`.strategies.make_checkpointer`).
 
-    Args:
-        directory: ``RUN_DIR/checkpoints`` for this rank.
-        cfg: the ``checkpoint`` group.
-        prepared: the wrapped model and how it was wrapped.
-        timeout_s: the collective timeout (``cluster.rdzv_timeout_s``) for the background-save
-            group; ``new_group`` would otherwise give it the 30-minute default.
-
-    Returns:
-        A :class:`~.checkpoint.Checkpointer`. Every rank must call this (it may create a process group).
+    ``timeout_s`` goes to the background-save group: ``new_group`` would otherwise give it
+    the 30-minute default. Every rank must call this (it may create a process group).
     """
-    if is_deepspeed(prepared.strategy):
-        return DeepSpeedCheckpointer(directory, prepared.model)
     group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
              if cfg.async_save and dist.is_initialized() else None)
     return DcpCheckpointer(directory, cfg.async_save, group)

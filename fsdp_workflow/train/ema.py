@@ -29,9 +29,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from fsdp_workflow.config.schema import StrategyName, TrainConfig
+from fsdp_workflow.config.strategies import STRATEGIES
 from fsdp_workflow.train.mesh import StrategyError
 
-EMA_STRATEGIES = (StrategyName.fsdp2, StrategyName.ddp)
+EMA_STRATEGIES = tuple(name for name, spec in STRATEGIES.items() if spec.ema is None)  # fsdp2, ddp
 # Name components wrappers insert; get_model_state_dict drops them (and DDP's leading "module").
 WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 
@@ -98,8 +99,10 @@ class EmaState(Stateful):
         if cfg.ema_decay is None:
             return None
         if strategy not in EMA_STRATEGIES:
+            first, *others = (name.value for name in EMA_STRATEGIES)
             raise StrategyError(f"train.ema_decay={cfg.ema_decay}: the EMA of the weights is not implemented for "
-                                f"{strategy.value}; use strategy=fsdp2 (or ddp), or train.ema_decay=null")
+                                f"{strategy.value}; use strategy={first} (or {' or '.join(others)}), "
+                                "or train.ema_decay=null")
         return cls(model, cfg.ema_decay, cfg.ema_every_steps, cfg.ema_start_step)
 
     @torch.no_grad()

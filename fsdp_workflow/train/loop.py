@@ -54,12 +54,11 @@ from fsdp_workflow.core.exit_codes import (EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_
 from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
-from fsdp_workflow.train import parallel
+from fsdp_workflow.train import parallel, strategies
 from fsdp_workflow.train.activation_checkpointing import compile_units
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers, ulysses
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
-from fsdp_workflow.train.checkpointers import make_checkpointer
 from fsdp_workflow.train.failures import after_divergence, collective_timeout, peer_timeout_reported, usage_errors
 from fsdp_workflow.train.heartbeat import Heartbeat, beat_interval, kill_stopped_local_peers, who_stopped
 from fsdp_workflow.train.loss import LossSums, install_loss_forward, router_aux_coef
@@ -172,7 +171,7 @@ def build_trainee(cfg: WorkflowConfig, ranks: Ranks) -> Trainee:
         built.setdefault("generation_config", getattr(m, "generation_config", None))
         return m
 
-    prepared = parallel.prepare(
+    prepared = strategies.prepare(
         ranks.accelerator,
         cfg,
         build,
@@ -261,7 +260,7 @@ def main(run_dir_arg: str) -> int:
     run = RunDir.of(Path(run_dir_arg).resolve())
     cfg = load_run_config(run.root)
     setup_logging(cfg.log_level.value)
-    parallel.check_strategy_available(cfg.strategy.name, "cpu" if _device_is_cpu(cfg) else "cuda")
+    strategies.check_strategy_available(cfg.strategy.name, "cpu" if _device_is_cpu(cfg) else "cuda")
     init_distributed(cfg)
     run_lock = hold_run_lock(run)  # before anything is written into the run; released when this process ends
     with refusals_recorded(run):
@@ -307,7 +306,7 @@ def run_session(run: RunDir, cfg: WorkflowConfig, ranks: Ranks, beat: Heartbeat)
     parts = trainer_parts(trainee.prepared.model, trainee.prepared.torch_optimizer, trainee.scheduler, rng, batches,
                           ema, cfg.optimizer.name)
     checkpoints = CheckpointDir(run, cfg.checkpoint.keep_last, ranks.rank)
-    checkpointer = make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
+    checkpointer = strategies.make_checkpointer(checkpoints, cfg.checkpoint, trainee.prepared, cfg.cluster.rdzv_timeout_s)
     beat.phase = "resuming"
     resume_from = checkpoints.resume_path(cfg.checkpoint.resume)
     if resume_from is not None:

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fsdp_workflow.config.schema import MESH_DIMS, ContextParallelImpl, StrategyName, WorkflowConfig, describe_mesh, mesh_shape, world_size
+from fsdp_workflow.config.schema import MESH_DIMS, ContextParallelImpl, StrategyName, WorkflowConfig, mesh_shape, world_size
+from fsdp_workflow.config.strategies import spec
 
 
 class StrategyError(RuntimeError):
@@ -96,9 +97,15 @@ class MeshDims:
         """Only ``dp_shard`` is above 1: plain FSDP2 over the world."""
         return self.dp_replicate == 1 and self.cp == 1 and self.tp == 1
 
-    def describe(self, strategy: StrategyName = StrategyName.fsdp2) -> str:
-        """As the planner says it (:func:`~fsdp_workflow.config.schema.describe_mesh`)."""
-        return describe_mesh(strategy, dict(zip(MESH_DIMS, self.shape)))
+    def describe(self, strategy: Optional[StrategyName] = None) -> str:
+        """As the planner says it (:meth:`~fsdp_workflow.config.strategies.StrategySpec.describe_mesh`).
+
+        Without a strategy: every dimension, as a strategy that builds the mesh says it.
+        """
+        shape = dict(zip(MESH_DIMS, self.shape))
+        if strategy is None:
+            return " x ".join(f"{dim} {size}" for dim, size in shape.items())
+        return spec(strategy).describe_mesh(shape)
 
 
 @dataclass

@@ -1,34 +1,21 @@
-"""Apply the distribution strategy of the run's typed config (``cfg.strategy``).
+"""The wrapping pieces the strategies share, and what a prepared model is.
 
-The strategy, the mesh and every wrapping option come from the ``WorkflowConfig``
-the trainer loaded from ``RUN_DIR/config.yaml``; ``launch.env`` carries the same
-choices to the tools that read the environment (Accelerate's ``Accelerator()``,
-torchrun), and nothing here reads them back. By strategy:
-
-* ``fsdp2`` where Accelerate enabled FSDP (``DistributedType.FSDP``, accelerators)
-  and the run needs nothing of ours: ``accelerator.prepare`` does the wrapping,
-  exactly as Accelerate users expect.
-* ``fsdp2`` otherwise: on CPU Accelerate reports ``MULTI_CPU`` (DDP), with one
-  process it may report ``NO``; a mesh beyond plain FSDP2 (tensor parallelism,
-  replicas: :mod:`.mesh`), and the selective activation checkpointing modes
-  (:mod:`.activation_checkpointing`) are ours on every device. We apply
-  ``torch.distributed.fsdp.fully_shard`` ourselves, per decoder layer and on the
-  root, with the options of ``cfg`` (:class:`ShardOptions`). So CPU runs really
-  shard across gloo ranks. Accelerate's own TP path cannot serve (it refuses
-  ``ParallelismConfig`` on CPU, and its FSDP2 + TP preparation imports a class
-  transformers 5 removed).
-* ``fsdp1`` without an accelerator: a clear error (Accelerate only builds FSDP1 on
-  accelerators and we do not hand-roll FlatParameter FSDP on CPU).
-* ``ddp`` and ``deepspeed_zero*``: ``accelerator.prepare``. DeepSpeed must be importable.
+Each strategy's trainer half (``fsdp_workflow.train.strategies``) wraps the model
+from the run's typed config (``cfg.strategy``), loaded from ``RUN_DIR/config.yaml``;
+``launch.env`` carries the same choices to the tools that read the environment
+(Accelerate's ``Accelerator()``, torchrun), and nothing here reads them back.
+Here: :class:`ModelParts` (what every strategy is given), :func:`accelerate_prepare`
+(``accelerator.prepare``: DDP, FSDP1, DeepSpeed), our own FSDP2 pieces
+(:class:`ShardOptions`, :func:`apply_fully_shard`, :func:`materialize_and_broadcast`),
+and what the loop asks of any :class:`Prepared` model (:func:`no_sync`, :func:`clip_grad_norm`).
 
 ``train.float8`` converts the bare model's large linear layers first (:mod:`.float8`),
-whatever the path.
+whatever the path (:meth:`ModelParts.build`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
@@ -36,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_workflow.config.accelerate_env import is_deepspeed
 from fsdp_workflow.config.schema import (
     ActivationCheckpointing,
     AutoWrapPolicy,
@@ -46,43 +32,8 @@ from fsdp_workflow.config.schema import (
 )
 from fsdp_workflow.train import float8
 from fsdp_workflow.train.activation_checkpointing import apply_activation_checkpointing
-from fsdp_workflow.train.mesh import StrategyError, TrainMesh, apply_tensor_parallel
+from fsdp_workflow.train.mesh import StrategyError, TrainMesh
 from fsdp_workflow.train.model import decoder_layer_classes, non_persistent_buffers, retie, set_buffer
-
-# Activation checkpointing modes Accelerate's FSDP plugin cannot express: our fully_shard path applies them.
-OWN_AC_MODES = (ActivationCheckpointing.every_n_layers, ActivationCheckpointing.ops)
-
-
-def check_strategy_available(strategy: StrategyName, device_type: str) -> None:
-    """Fail early, with the fix, when the configured strategy cannot run here.
-
-    Args:
-        strategy: ``cfg.strategy.name``.
-        device_type: ``cpu`` or ``cuda``.
-
-    Raises:
-        StrategyError: DeepSpeed not installed, or FSDP1 without an accelerator.
-    """
-    # The device first: on CPU the answer must not depend on what happens to be installed.
-    if is_deepspeed(strategy) and device_type == "cpu":
-        raise StrategyError(
-            "strategy=deepspeed_zero* needs CUDA GPUs: DeepSpeed's CPU accelerator needs Intel's oneCCL "
-            "bindings, which this project does not support. Use strategy=fsdp2 (sharded like ZeRO-3) or "
-            "strategy=ddp on CPU."
-        )
-    if is_deepspeed(strategy) and importlib.util.find_spec("deepspeed") is None:
-        raise StrategyError(
-            f"strategy={strategy.value} needs the `deepspeed` package, which is not installed in this "
-            "environment. Install it (`pip install 'fsdp_workflow[deepspeed]'`, on a machine with CUDA) or "
-            "choose strategy=fsdp2 or strategy=ddp."
-        )
-    if strategy == StrategyName.fsdp1 and device_type == "cpu":
-        raise StrategyError(
-            "strategy=fsdp1 needs CUDA: Accelerate only enables FSDP on accelerators "
-            "and this trainer shards on CPU with FSDP2 only. Use strategy=fsdp2 (recommended; same "
-            "checkpoint layout) or strategy=ddp on CPU."
-        )
-
 
 @dataclass(frozen=True)
 class ShardOptions:
@@ -273,106 +224,45 @@ def check_same_parameters(model: nn.Module) -> None:
                             "way on every rank")
 
 
-def prepare(
-    accelerator: Any,
-    cfg: WorkflowConfig,
-    build_model: Callable[[bool], nn.Module],
-    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
-    install_forward: Callable[[nn.Module], None],
-    mesh: Optional[TrainMesh] = None,
-) -> Prepared:
-    """Build, wrap and pair the model with its optimizer under ``cfg.strategy``.
+@dataclass
+class ModelParts:
+    """What every strategy's ``prepare`` is given: how to build, wrap and pair the model."""
 
-    Args:
-        accelerator: constructed from the environment (its device; the wrapping for Accelerate's paths).
-        cfg: the run's typed config: strategy, wrapping options, ``train.float8``, micro-batch size.
-        build_model: ``build_model(meta)`` returns the CPU (or meta) model.
-        build_optimizer: makes the optimizer over the (wrapped) model's parameters.
-        install_forward: installs the loss forward on the bare model.
-        mesh: the run's device mesh (:meth:`.mesh.TrainMesh.of`); beyond plain FSDP2 our own path applies it.
+    accelerator: Any  # constructed from the environment (its device; the wrapping for Accelerate's paths)
+    cfg: WorkflowConfig  # the run's typed config: strategy, wrapping options, train.float8, micro-batch size
+    build_model: Callable[[bool], nn.Module]  # build_model(meta): the CPU (or meta) model
+    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]  # over the (wrapped) model's parameters
+    install_forward: Callable[[nn.Module], None]  # installs the loss forward on the bare model
+    mesh: Optional[TrainMesh] = None  # the run's device mesh; beyond plain FSDP2 our own path applies it
+    float8_layers: list[str] = field(default_factory=list)  # filled by build: the layers train.float8 converted
 
-    Returns:
-        The prepared model and optimizer.
+    @property
+    def own_mesh(self) -> bool:
+        """The mesh has more than ``dp_shard`` (replicas, cp or tp): only our own FSDP2 path builds it."""
+        return self.mesh is not None and not self.mesh.dims.plain
 
-    Raises:
-        StrategyError: a mesh beyond plain FSDP2 under another strategy, or no process group.
-    """
-    strategy = cfg.strategy.name
-    device = accelerator.device
-    converted: list[str] = []
-
-    def build(meta: bool) -> nn.Module:
-        model = build_model(meta)
-        if cfg.train.float8:
-            converted[:] = float8.convert(model)
+    def build(self, meta: bool) -> nn.Module:
+        """The model, its linear layers converted to float8 when ``train.float8`` asks."""
+        model = self.build_model(meta)
+        if self.cfg.train.float8:
+            self.float8_layers[:] = float8.convert(model)
         return model
 
-    own_mesh = mesh is not None and not mesh.dims.plain
-    if own_mesh and strategy != StrategyName.fsdp2:
-        raise StrategyError(f"the mesh {mesh.dims.describe()} is built for strategy=fsdp2 only, and this run "
-                            f"has strategy={strategy.value}")
-    options = ShardOptions.of(cfg)
-    own_path = own_mesh or options.activation_checkpointing in OWN_AC_MODES or not uses_accelerate_fsdp(accelerator)
-    if strategy == StrategyName.fsdp2 and own_path:
-        if not dist.is_initialized():
-            raise StrategyError(
-                "FSDP2 needs a process group: launch with torchrun (it sets RANK, WORLD_SIZE, "
-                "MASTER_ADDR, MASTER_PORT), e.g. `torchrun --nproc_per_node 2 -m fsdp_workflow.train RUN_DIR`."
-            )
-        rank0 = dist.get_rank() == 0
-        lazy = options.cpu_ram_efficient_loading and dist.get_world_size() > 1
-        if lazy:
-            # Only rank 0 holds the full weights in host memory; others build on meta.
-            model = build(not rank0)
-            full = {k: v.detach() for k, v in model.state_dict().items()} if rank0 else None
-            bufs = {k: v.detach().clone() for k, v in non_persistent_buffers(model).items()} if rank0 else None
-            if rank0:
-                model = model.to("meta")
-                retie(model)  # .to gave the tied output embedding a parameter of its own
-        else:
-            model = build(False)
-        check_same_parameters(model)
-        install_forward(model)
-        if own_mesh and mesh.dims.tp > 1:
-            apply_tensor_parallel(model, mesh.tp_mesh())
-        # Plain FSDP2 keeps fully_shard's default mesh (the world): no extra process groups.
-        checkpointed = apply_fully_shard(model, options, device, mesh.fsdp_mesh() if own_mesh else None)
-        if lazy:
-            materialize_and_broadcast(model, full, bufs, device)
-            del full, bufs
-        else:
-            model.to(device)
-        optimizer = build_optimizer(model)
-        return Prepared(model, optimizer, strategy, native_fsdp2=True, checkpointed_layers=checkpointed,
-                        float8_layers=converted)
 
-    if strategy == StrategyName.fsdp2:
-        # Accelerate broadcasts rank 0's weights into the sharded model when
-        # cpu_ram_efficient_loading is on: the other ranks need only a meta skeleton.
-        plugin = accelerator.state.fsdp_plugin
-        lazy = bool(getattr(plugin, "cpu_ram_efficient_loading", False)) and not accelerator.is_main_process
-        model = build(lazy)
-        check_same_parameters(model)  # Accelerate shards whatever each rank built
-        # Accelerate's FSDP2 with mixed precision casts parameters itself; adding
-        # autocast around forward would only insert no-op casts. Install our forward
-        # after prepare so it is not wrapped. Its activation checkpointing (full) comes
-        # from FSDP_ACTIVATION_CHECKPOINTING, which the planner wrote from the same key.
-        optimizer = build_optimizer(model)
-        keep_root_output_fp32(plugin)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        install_forward(model)
-        layers = list(range(cfg.model.num_hidden_layers))
-        checkpointed = layers if options.activation_checkpointing == ActivationCheckpointing.full else []
-        return Prepared(model, optimizer, strategy, native_fsdp2=False, checkpointed_layers=checkpointed,
-                        float8_layers=converted)
-    model = build(False)
-    install_forward(model)
-    if is_deepspeed(strategy):
-        ds = accelerator.state.deepspeed_plugin
-        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
-    optimizer = build_optimizer(model)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    return Prepared(model, optimizer, strategy, native_fsdp2=False, float8_layers=converted)
+def accelerate_prepare(parts: ModelParts, before_optimizer: Callable[[], None] = lambda: None) -> Prepared:
+    """Build the model, install the forward and let ``accelerator.prepare`` wrap model and optimizer.
+
+    Args:
+        parts: what to build and how.
+        before_optimizer: runs after the forward is installed, before the optimizer is built
+            (DeepSpeed sets its micro-batch size there).
+    """
+    model = parts.build(False)
+    parts.install_forward(model)
+    before_optimizer()
+    optimizer = parts.build_optimizer(model)
+    model, optimizer = parts.accelerator.prepare(model, optimizer)
+    return Prepared(model, optimizer, parts.cfg.strategy.name, native_fsdp2=False, float8_layers=parts.float8_layers)
 
 
 def keep_root_output_fp32(plugin: Any) -> None:

@@ -184,7 +184,7 @@ def test_fsdp_mixed_precision(clean_accelerate_env, strategy, mp):
 def test_mesh_is_exported_in_parallelism_config_names(clean_accelerate_env, rep, tp):
     """The mesh in ParallelismConfig's variables; Accelerate's own class parses them to the same sizes,
     and the trainer's MeshDims, built from the typed config, has the same sizes. ACCELERATE_USE_PARALLELISM_CONFIG stays unset (see
-    accelerate_env._mesh_env: Accelerate refuses it on CPU and its FSDP2 + TP path needs a class
+    the fsdp2 spec's _mesh_env (config/strategies/fsdp2.py): Accelerate refuses it on CPU and its FSDP2 + TP path needs a class
     transformers 5 removed), so Accelerator() builds no ParallelismConfig of its own."""
     from accelerate.parallelism_config import ParallelismConfig
 

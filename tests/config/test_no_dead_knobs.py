@@ -1,8 +1,8 @@
 """No dead knobs: every leaf of the schema is read by the code it claims to control.
 
 A leaf counts as read when some module outside ``fsdp_workflow/config/`` (or
-``config/accelerate_env.py``, whose output is the environment Accelerate reads)
-accesses an attribute of that name. The few leaves read only by validation are
+``config/accelerate_env.py`` and the strategy specs under ``config/strategies/``, whose
+``env`` is the environment Accelerate reads) accesses an attribute of that name. The few leaves read only by validation are
 listed with the reason they still change what runs. A new field nobody reads
 fails here, so it cannot land as a silent no-op.
 """
@@ -35,7 +35,8 @@ def leaves(cls=WorkflowConfig, prefix: str = "") -> Iterator[str]:
 
 def _sources() -> dict:
     return {p: p.read_text() for p in PACKAGE.rglob("*.py")
-            if "config" not in p.relative_to(PACKAGE).parts or p.name == "accelerate_env.py"}
+            if "config" not in p.relative_to(PACKAGE).parts or p.name == "accelerate_env.py"
+            or "strategies" in p.relative_to(PACKAGE).parts}
 
 
 SOURCES = _sources()

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 tests/train/ac_equivalence.py OUT.pt OVERRIDE...
 
 For each mode of ``strategy.activation_checkpointing`` the ranks build the tiny
-Llama through the trainer's own :func:`fsdp_workflow.train.parallel.prepare`
+Llama through the trainer's own :func:`fsdp_workflow.train.strategies.prepare`
 (FSDP2 over the 2 gloo ranks, the mode applied from the composed config), run
 ``STEPS`` optimizer steps on fixed per-rank batches, and record the summed loss
 (all ranks), every parameter's full gradient (``full_tensor``) and how many
@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fsdp_workflow.config.load import compose
 from fsdp_workflow.config.schema import ActivationCheckpointing
 from fsdp_workflow.train import model as model_lib
-from fsdp_workflow.train import parallel
+from fsdp_workflow.train import strategies
 from fsdp_workflow.train.loss import install_loss_forward
 
 STEPS = 3
@@ -45,7 +45,7 @@ class MatmulCounter(TorchDispatchMode):
 
 def run_mode(accelerator: Any, overrides: list[str], mode: ActivationCheckpointing) -> dict[str, Any]:
     cfg = compose([*overrides, f"strategy.activation_checkpointing={mode.value}"])
-    prepared = parallel.prepare(
+    prepared = strategies.prepare(
         accelerator, cfg,
         lambda meta: model_lib.build_model(cfg.model, seed=cfg.train.seed, meta=meta),
         lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),

@@ -1,7 +1,7 @@
 """``strategy.activation_checkpointing``: every mode trains exactly like none, and recomputes what it says.
 
 One launch of ``tests/train/ac_equivalence.py`` on 2 gloo ranks (FSDP2 through
-the trainer's ``parallel.prepare``, a 4-layer tiny Llama, fp32, 3 AdamW steps)
+the trainer's ``strategies.prepare``, a 4-layer tiny Llama, fp32, 3 AdamW steps)
 records each mode's losses, full gradients and the first backward's ``aten.mm``
 calls.
 

@@ -135,7 +135,7 @@ def test_accelerate_fsdp2_root_hands_back_fp32_sums() -> None:
             keep_root_output_fp32(plugin)
         net = model_lib.build_model(cfg.model, seed=0)
         net = fsdp2_prepare_model(_Accelerator(plugin), net)
-        install_loss_forward(net)  # after prepare, as parallel.prepare does
+        install_loss_forward(net)  # after prepare, as the fsdp2 strategy does
         layer_out = []
         net.model.layers[0].register_forward_hook(lambda m, i, o: layer_out.append(o[0] if isinstance(o, tuple) else o))
         out = net(input_ids=ids, labels=ids, position_ids=pos)

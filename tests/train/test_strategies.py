@@ -9,7 +9,8 @@ import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
 from fsdp_workflow.config.schema import StrategyName
-from fsdp_workflow.train.parallel import StrategyError, check_strategy_available
+from fsdp_workflow.train.mesh import StrategyError
+from fsdp_workflow.train.strategies import check_strategy_available
 from tests.train.runner import launch, log_text, make_run_dir
 
 
