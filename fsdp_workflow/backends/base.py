@@ -5,8 +5,9 @@ keeps Slurm, local and debug apart: ``issues``, ``plan``, ``render``, ``submit``
 ``states``, ``cancel``, ``live``. :mod:`fsdp_workflow.backends.registry` picks one by
 ``cluster.kind``; callers ask it, never the kind itself.
 
-This module imports ``core`` alone (the config and plan types are for type checkers):
-the planner and the report stage read :class:`JobState` and :class:`Role` from here.
+This module imports ``core`` and :mod:`~fsdp_workflow.backends.roles` alone (the config and plan types are
+for type checkers): the report stage reads :class:`JobState` from here; :class:`Role` is
+:mod:`~fsdp_workflow.backends.roles`'s (the planner, which this module names for type checkers, reads it there).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -22,19 +24,6 @@ if TYPE_CHECKING:
     from fsdp_workflow.core.lock import Lock
     from fsdp_workflow.core.rundir import RunDir
     from fsdp_workflow.plan.jobs import LaunchPlan
-
-
-class Role(str, Enum):
-    """A job's role in the chain: one word each, as the run directory spells it.
-
-    The word names the batch script (``eval.sbatch``), the log's prefix and the job's line
-    in ``jobs.txt``; ``eval`` it is (``evaluate`` is the module the job runs).
-    """
-
-    prepare = "prepare"
-    train = "train"
-    consolidate = "consolidate"
-    eval = "eval"
 
 
 class JobState(str, Enum):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from fsdp_workflow.backends.base import JobState
+from fsdp_workflow.backends.base import JobState, Role
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.commands import local_resume_argv, shell
@@ -284,13 +284,13 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     layout.requeue_marker.unlink(missing_ok=True)
     consolidated = None
     for job in plan.chain:
-        if job.role == "consolidate" and not consolidate:
+        if job.role == Role.consolidate and not consolidate:
             break
         assert job.role in _JOB_RUNNERS, f"the local launcher has no runner for the chain's {job.role} job"
         rc = _JOB_RUNNERS[job.role](plan, job, env)
         if rc is not None:
             return rc
-        if job.role == "consolidate":
+        if job.role == Role.consolidate:
             consolidated = job
     if consolidated is None:
         log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
@@ -376,9 +376,9 @@ def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
 
 # What this machine runs for each role of the plan's chain (the per-checkpoint eval job is Slurm's alone).
 _JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict], Optional[int]]] = {
-    "prepare": _prepare,
-    "train": _train,
-    "consolidate": _consolidate,
+    Role.prepare: _prepare,
+    Role.train: _train,
+    Role.consolidate: _consolidate,
 }
 
 

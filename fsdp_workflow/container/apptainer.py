@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.container.base import STEP_USES_GPU, ContainerCommand, EnvFilter, Issues, Runtime, uses_gpu
@@ -36,7 +37,7 @@ class Apptainer(Runtime):
     def image_path(self, image: str) -> Optional[str]:
         return None if image.startswith(IMAGE_URI_SCHEMES) else image
 
-    def command(self, cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    def command(self, cfg: WorkflowConfig, step: Role) -> ContainerCommand:
         argv = ["apptainer", "exec", "--cleanenv", "--no-home"]
         if uses_gpu(cfg, step):
             argv.append("--nv")

@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Tuple
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import Device, WorkflowConfig, run_layout
 from fsdp_workflow.container.binds import Bind
 
-# Steps that run inside the image, and whether each uses GPUs when cluster.device=cuda.
-STEP_USES_GPU: Dict[str, bool] = {"prepare": False, "train": True, "consolidate": False, "evaluate": False}
+# Steps that run inside the image (a job's role is its step), and whether each uses GPUs when cluster.device=cuda.
+STEP_USES_GPU: Dict[Role, bool] = {Role.prepare: False, Role.train: True, Role.consolidate: False, Role.eval: False}
 
 # Host variables that cross into the image: Slurm, rendezvous, launchers, Accelerate, NCCL, torch, CUDA.
 PASS_ENV_PREFIXES = (
@@ -74,13 +75,13 @@ class ContainerCommand:
     prefix: List[str] = field(default_factory=list)
 
 
-def check_step(step: str) -> None:
+def check_step(step: Role) -> None:
     """Raises ValueError for a step name no wrapper knows."""
     if step not in STEP_USES_GPU:
         raise ValueError(f"unknown container step {step!r}; expected one of {', '.join(STEP_USES_GPU)}")
 
 
-def uses_gpu(cfg: WorkflowConfig, step: str) -> bool:
+def uses_gpu(cfg: WorkflowConfig, step: Role) -> bool:
     """Whether ``step`` gets the GPUs (``--nv``).
 
     Raises:
@@ -151,7 +152,7 @@ class Runtime:
             argv += ["-u", name]
         return argv + [f"{k}={v}" for k, v in explicit_env(cfg).items()]
 
-    def command(self, cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    def command(self, cfg: WorkflowConfig, step: Role) -> ContainerCommand:
         """What goes in front of ``step``'s argv (``step`` already checked).
 
         Raises:
@@ -159,7 +160,7 @@ class Runtime:
         """
         raise NotImplementedError
 
-    def srun_args(self, cfg: WorkflowConfig, step: str) -> List[str]:
+    def srun_args(self, cfg: WorkflowConfig, step: Role) -> List[str]:
         """srun options that attach the image to a step (``step`` already checked); none by default."""
         return []
 

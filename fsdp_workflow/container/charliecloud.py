@@ -24,6 +24,7 @@ import os
 import shlex
 from typing import List, Optional
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.container.base import ContainerCommand, EnvFilter, Issues, Runtime, explicit_env
@@ -67,7 +68,7 @@ class Charliecloud(Runtime):
         env = {"PATH": IMAGE_PATH, **explicit_env(cfg)}
         return ["env"] + [f"{k}={v}" for k, v in sorted(env.items())]
 
-    def command(self, cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    def command(self, cfg: WorkflowConfig, step: Role) -> ContainerCommand:
         # GPU and CPU steps get the same command: ch-run always shares /dev (no --nv to add)
         argv = ["ch-run"]
         for b in bind_list(cfg):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import List
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.container.base import ContainerCommand, Issues, Runtime
@@ -15,7 +16,7 @@ class Host(Runtime):
     name = "none"
     in_image = False
 
-    def command(self, cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    def command(self, cfg: WorkflowConfig, step: Role) -> ContainerCommand:
         return ContainerCommand(None)
 
     def issues(self, cfg: WorkflowConfig) -> Issues:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import ClusterKind, Device, WorkflowConfig, run_layout
@@ -41,18 +42,18 @@ class Pyxis(Runtime):
     def image_path(self, image: str) -> Optional[str]:
         return image if image.startswith(("/", "./")) or image.endswith(".sqsh") else None
 
-    def command(self, cfg: WorkflowConfig, step: str) -> ContainerCommand:
+    def command(self, cfg: WorkflowConfig, step: Role) -> ContainerCommand:
         # srun's options (srun_args) carry the image: only the in-image env goes in front of the argv
         return ContainerCommand(None, self.in_image_env(cfg))
 
-    def env_names(self, cfg: WorkflowConfig, step: str) -> List[str]:
+    def env_names(self, cfg: WorkflowConfig, step: Role) -> List[str]:
         """Host variables whose values must override the image's under pyxis."""
         names = {"MASTER_ADDR", "MASTER_PORT", *accelerate_env(cfg), *cfg.cluster.nccl_env}
         if not uses_gpu(cfg, step):
             names.add("NVIDIA_VISIBLE_DEVICES")
         return sorted(names)
 
-    def srun_args(self, cfg: WorkflowConfig, step: str) -> List[str]:
+    def srun_args(self, cfg: WorkflowConfig, step: Role) -> List[str]:
         ct = cfg.container
         args = [
             f"--container-image={ct.image}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import List
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.container.base import ContainerCommand, check_step, explicit_env
 from fsdp_workflow.container.registry import runtime_for
@@ -19,12 +20,12 @@ from fsdp_workflow.container.registry import runtime_for
 __all__ = ["container_command", "explicit_env", "in_image", "srun_container_args"]
 
 
-def container_command(cfg: WorkflowConfig, step: str) -> ContainerCommand:
+def container_command(cfg: WorkflowConfig, step: Role) -> ContainerCommand:
     """What goes in front of a step's command for the configured runtime.
 
     Args:
         cfg: the validated config.
-        step: ``prepare``, ``train``, ``consolidate`` or ``evaluate``.
+        step: the job role whose command is wrapped (a :class:`~fsdp_workflow.backends.roles.Role`).
 
     Returns:
         Nothing for ``container=none``; for pyxis the in-image ``env`` prefix
@@ -38,7 +39,7 @@ def container_command(cfg: WorkflowConfig, step: str) -> ContainerCommand:
     return runtime_for(cfg).command(cfg, step)
 
 
-def srun_container_args(cfg: WorkflowConfig, step: str) -> List[str]:
+def srun_container_args(cfg: WorkflowConfig, step: Role) -> List[str]:
     """srun options that run a step inside the image (pyxis); empty for other runtimes.
 
     Raises:

@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.core.rundir import RunDir
 
 
 # What each role is called in messages ("training job: 123").
-NOUN = {"prepare": "data preparation", "train": "training", "consolidate": "consolidation", "eval": "evaluation"}
+NOUN: Dict[Role, str] = {Role.prepare: "data preparation", Role.train: "training", Role.consolidate: "consolidation",
+                         Role.eval: "evaluation"}
 
 
-def job_label(role: str) -> str:
+def job_label(role: Role) -> str:
     """``"training job:      "``: a role's name padded for the lines that list a chain's jobs."""
     return f"{NOUN[role]} job: ".ljust(19)
 
@@ -40,7 +42,7 @@ class SbatchJob:
     :meth:`as_step` makes it, behind ``step_prefix``.
 
     Attributes:
-        role: ``prepare``, ``train``, ``consolidate`` or ``eval``; also the log file's prefix.
+        role: the job's :class:`~fsdp_workflow.backends.roles.Role`; also the log file's prefix.
         script: the batch script's file name in the run directory.
         options: ``#SBATCH`` options, ``("nodes", "2")``; value None for flags.
         path_options: ``--output``: passed on the sbatch command line, quoted, because
@@ -53,13 +55,13 @@ class SbatchJob:
         after_argvs: commands run once ``argv`` succeeded (the consolidation job's model card).
     """
 
-    role: str
+    role: Role
     script: str
     options: List[Tuple[str, Optional[str]]]
     path_options: Dict[str, str]
     argv: List[str] = field(default_factory=list)
     step_prefix: List[str] = field(default_factory=list)
-    after: Optional[str] = None
+    after: Optional[Role] = None
     before_argvs: List[List[str]] = field(default_factory=list)
     after_argvs: List[List[str]] = field(default_factory=list)
 
@@ -111,16 +113,16 @@ class LaunchPlan:
     def run_dir(self) -> Path:
         return self.layout.root
 
-    def job(self, role: str) -> Optional[SbatchJob]:
+    def job(self, role: Role) -> Optional[SbatchJob]:
         """The chain's job of ``role``, if the plan has one."""
         return next((j for j in self.chain if j.role == role), None)
 
     @property
     def train(self) -> SbatchJob:
-        job = self.job("train")
+        job = self.job(Role.train)
         assert job is not None, "every plan trains"
         return job
 
     @property
     def consolidate(self) -> Optional[SbatchJob]:
-        return self.job("consolidate")
+        return self.job(Role.consolidate)

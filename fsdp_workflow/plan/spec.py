@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.load import to_yaml
 from fsdp_workflow.config.model_dir import output_dtype
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
@@ -47,7 +48,7 @@ from fsdp_workflow.plan.render import wrapped_argv
 Options = List[Tuple[str, Optional[str]]]
 
 
-def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: str) -> List[str]:
+def wrap_argv(cfg: WorkflowConfig, argv: List[str], step: Role) -> List[str]:
     """A step's command, run inside ``cfg.container``'s image (unchanged without one).
 
     Without an image, ``python`` becomes the absolute path of the interpreter that
@@ -79,7 +80,7 @@ def sweep_point(run_dir: Path) -> Optional[int]:
     return None
 
 
-def job_name(cfg: WorkflowConfig, role: str) -> str:
+def job_name(cfg: WorkflowConfig, role: Role) -> str:
     """``NAME-ROLE``, or ``NAME-N-ROLE`` for point N of a sweep (every point's jobs distinct in squeue)."""
     num = sweep_point(run_layout(cfg).root)
     return _sbatch_value("name", f"{cfg.name}-{role}" if num is None else f"{cfg.name}-{num}-{role}")
@@ -208,7 +209,7 @@ def _common_options(cfg: WorkflowConfig, partition: Optional[str]) -> Options:
     return opts
 
 
-def _cpu_job_options(cfg: WorkflowConfig, role: str) -> Options:
+def _cpu_job_options(cfg: WorkflowConfig, role: Role) -> Options:
     """One task on one node with the consolidation resources (consolidation and evaluation jobs)."""
     c = cfg.cluster
     opts = [("job-name", job_name(cfg, role))]
@@ -227,7 +228,7 @@ def _train_options(cfg: WorkflowConfig) -> Options:
     c = cfg.cluster
     gpus = c.gpus_per_node if c.gpus_per_node is not None else (
         c.processes_per_node if c.device == Device.cuda else 0)
-    opts = [("job-name", job_name(cfg, "train"))]
+    opts = [("job-name", job_name(cfg, Role.train))]
     opts += _common_options(cfg, c.partition)
     opts += [
         ("nodes", str(c.nodes)),
@@ -258,11 +259,11 @@ def _train_job(cfg: WorkflowConfig, layout: RunDir) -> SbatchJob:
     """One task per node runs ``train_node.sh``; a rank that dies fails the whole step."""
     n = cfg.cluster.nodes
     return SbatchJob(
-        role="train", script=TRAIN_SBATCH, options=_train_options(cfg),
-        path_options={"output": str(layout.log_pattern("train"))},
+        role=Role.train, script=TRAIN_SBATCH, options=_train_options(cfg),
+        path_options={"output": str(layout.log_pattern(Role.train))},
         argv=["bash", str(layout.script(TRAIN_NODE_SCRIPT))],
         step_prefix=["srun", "--kill-on-bad-exit=1", f"--nodes={n}", "--ntasks-per-node=1",
-                     *srun_container_args(cfg, "train")],
+                     *srun_container_args(cfg, Role.train)],
     )
 
 
@@ -277,18 +278,18 @@ def preflight_argv(cfg: WorkflowConfig, layout: RunDir) -> List[str]:
     argv = ["python", "-m", "fsdp_workflow.preflight", str(layout.root), f"--nodes={c.nodes}",
             f"--processes-per-node={c.processes_per_node}", f"--device={c.device.value}"]
     return ["srun", f"--nodes={c.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            *srun_container_args(cfg, "train"), *wrap_argv(cfg, argv, "train")]
+            *srun_container_args(cfg, Role.train), *wrap_argv(cfg, argv, Role.train)]
 
 
-def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: str, script: str, step: str, argv: List[str],
-             after: Optional[str] = None, before: Optional[List[List[str]]] = None,
+def _cpu_job(cfg: WorkflowConfig, layout: RunDir, role: Role, script: str, argv: List[str],
+             after: Optional[Role] = None, before: Optional[List[List[str]]] = None,
              then: Optional[List[List[str]]] = None) -> SbatchJob:
     """A one-task CPU job (data preparation, consolidation, evaluation) with the ``consolidate_*`` resources.
 
     ``before``: commands the job runs first, each wrapped like ``argv`` (the EMA's consolidation);
     ``then``: commands it runs once ``argv`` succeeded (the model card).
     """
-    attach = srun_container_args(cfg, step)
+    attach = srun_container_args(cfg, role)  # the container step is the role
     return SbatchJob(
         role=role, script=script, options=_cpu_job_options(cfg, role),
         path_options={"output": str(layout.log_pattern(role))},
@@ -315,26 +316,26 @@ def build_plan(cfg: WorkflowConfig) -> LaunchPlan:
     chain: List[SbatchJob] = []
     if cfg.data.source != DataSource.synthetic:
         # Tokenise once, on CPU, before the GPUs are allocated: the head of the chain.
-        prep_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.data.prepare", str(layout.root)], "prepare")
-        chain.append(_cpu_job(cfg, layout, "prepare", PREPARE_SBATCH, "prepare", prep_argv))
+        prep_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.data.prepare", str(layout.root)], Role.prepare)
+        chain.append(_cpu_job(cfg, layout, Role.prepare, PREPARE_SBATCH, prep_argv))
     train = _train_job(cfg, layout)
     train.after = chain[-1].role if chain else None
     chain.append(train)
     if cfg.consolidate.enabled:
-        cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), "consolidate")
-        ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), "consolidate") \
+        cons_argv = wrap_argv(cfg, consolidate_argv(cfg, layout), Role.consolidate)
+        ema_argv = wrap_argv(cfg, consolidate_argv(cfg, layout, ema=True), Role.consolidate) \
             if cfg.train.ema_decay is not None else []
-        card = wrap_argv(cfg, card_argv(cfg, layout), "consolidate")
-        chain.append(_cpu_job(cfg, layout, "consolidate", CONSOLIDATE_SBATCH, "consolidate", cons_argv, after="train",
+        card = wrap_argv(cfg, card_argv(cfg, layout), Role.consolidate)
+        chain.append(_cpu_job(cfg, layout, Role.consolidate, CONSOLIDATE_SBATCH, cons_argv, after=Role.train,
                               before=[ema_argv] if ema_argv else None, then=[card]))
     eval_job = None
     if cfg.consolidate.every_checkpoint:
         eval_argv = wrap_argv(cfg, ["python", "-m", "fsdp_workflow.evaluate", str(layout.root), Expand("${STEP}")],
-                              "evaluate")
-        eval_job = _cpu_job(cfg, layout, "eval", EVAL_SBATCH, "evaluate", eval_argv)
+                              Role.eval)
+        eval_job = _cpu_job(cfg, layout, Role.eval, EVAL_SBATCH, eval_argv)
     return LaunchPlan(
         layout=layout,
-        node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), "train"),
+        node_script_argv=wrap_argv(cfg, launcher_argv(cfg, layout.root), Role.train),
         chain=chain,
         max_requeues=c.max_requeues,
         master_port_base=c.master_port_base,

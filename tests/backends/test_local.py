@@ -21,6 +21,7 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.backends.local import run_local, shown
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 from tests.launch.test_complete_inputs import save_step
@@ -73,7 +74,7 @@ def test_the_log_shows_a_step_as_pasted_and_in_an_image_the_runtimes_command(tmp
     assert shown(step) == f"python -m fsdp_workflow.consolidate '{tmp_path / 'my run'}' out"
     image = tmp_path / "img.sif"
     cfg = compose(["+experiment=smoke", "container=apptainer", f"container.image={image}", f"run_dir={tmp_path}"])
-    wrapped = wrap_argv(cfg, step, "consolidate")
+    wrapped = wrap_argv(cfg, step, Role.consolidate)
     assert wrapped[0] == "bash" and "compgen" in wrapped[2]  # the filter runs first
     line = shown(wrapped)
     assert line.startswith("apptainer exec ") and str(image) in line, line

@@ -23,6 +23,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import EnvFilter, RUNTIMES, bind_list
 from fsdp_workflow.plan.checks import check as validate
@@ -145,7 +146,7 @@ def _run(argv: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_step_runs_in_the_image_with_only_the_pass_through_environment(probe_job) -> None:
     cfg, run_dir, data, env = probe_job
-    proc = _run(wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], "consolidate"), env)
+    proc = _run(wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], Role.consolidate), env)
     assert proc.returncode == 0, proc.stderr
     probe = json.loads((run_dir / "probe.json").read_text())
     inside = probe["env"]
@@ -160,7 +161,7 @@ def test_step_runs_in_the_image_with_only_the_pass_through_environment(probe_job
 def test_without_its_bind_the_step_sees_the_image_not_the_host(probe_job) -> None:
     """Drop the data's ``-b``: the step reads the image's empty placeholder, never the host's file."""
     cfg, run_dir, data, env = probe_job
-    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], "consolidate")
+    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], Role.consolidate)
     i = argv.index(str(data))
     assert argv[i - 1] == "-b"
     proc = _run(argv[: i - 1] + argv[i + 1:], env)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.plan.spec import wrap_argv
 from fsdp_workflow.backends.registry import backend_for
@@ -88,7 +89,7 @@ def _run(argv, env):
 
 def test_step_runs_with_only_its_binds(job) -> None:
     cfg, run_dir, data, env = job
-    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], "consolidate")
+    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], Role.consolidate)
     proc = _run(argv, env)
     assert proc.returncode == 0, proc.stderr
     probe = json.loads((run_dir / "probe.json").read_text())
@@ -110,12 +111,12 @@ def test_step_runs_with_only_its_binds(job) -> None:
 def test_unbound_host_paths_do_not_exist_inside(job, tmp_path: Path) -> None:
     cfg, run_dir, _, env = job
     check = f"import os, sys; sys.exit(os.path.exists({str(tmp_path / 'not bound')!r}))"
-    assert _run(wrap_argv(cfg, ["python", "-c", check], "evaluate"), env).returncode == 0
+    assert _run(wrap_argv(cfg, ["python", "-c", check], Role.eval), env).returncode == 0
 
 
 def test_dropping_a_bind_fails_like_on_a_cluster(job) -> None:
     cfg, run_dir, data, env = job
-    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], "consolidate")
+    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], Role.consolidate)
     i = argv.index(next(a for a in argv if a.startswith(str(data))))
     assert argv[i - 1] == "--bind"
     proc = _run(argv[: i - 1] + argv[i + 1:], env)
@@ -126,7 +127,7 @@ def test_dropping_a_bind_fails_like_on_a_cluster(job) -> None:
 
 def test_missing_bind_source_stops_before_the_step(job, tmp_path: Path) -> None:
     cfg, run_dir, _, env = job
-    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], "consolidate")
+    argv = wrap_argv(cfg, ["python", "-c", PROBE, str(run_dir)], Role.consolidate)
     i = argv.index("--bind")
     argv[i + 1:i + 1] = [str(tmp_path / "gone"), "--bind"]
     proc = _run(argv, env)

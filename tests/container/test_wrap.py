@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import RUNTIMES, EnvFilter, bind_list, bind_paths, srun_container_args
 from fsdp_workflow.plan.checks import check as validate
@@ -29,7 +30,8 @@ REGEN = os.environ.get("FSDP_WORKFLOW_REGEN_GOLDEN") == "1"
 STRATEGIES = ["fsdp2", "fsdp1", "ddp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"]
 IMAGES = {"none": None, "apptainer": "/images/fsdp_workflow.sif", "pyxis": "nvcr.io#nvidia/pytorch:25.01-py3",
           "charliecloud": "/images/fsdp_workflow"}
-STEPS = ["train", "consolidate", "evaluate"]
+# The golden files' section names -> the role each wraps (their headers predate Role.eval; kept byte-identical).
+STEPS = {"train": Role.train, "consolidate": Role.consolidate, "evaluate": Role.eval}
 
 
 @pytest.fixture
@@ -49,9 +51,9 @@ def _cfg(runtime: str, *extra: str, strategy: str = "fsdp2", run_dir: str = "/ru
 def _record(cfg) -> str:
     """Every wrapped step command, the srun container options, and every rendered script."""
     parts = []
-    for step in STEPS:
-        parts.append(f"### wrap_argv {step}\n" + json.dumps(wrap_argv(cfg, ["CMD", "ARG"], step), indent=1))
-        parts.append(f"### srun_container_args {step}\n" + json.dumps(srun_container_args(cfg, step), indent=1))
+    for name, step in STEPS.items():
+        parts.append(f"### wrap_argv {name}\n" + json.dumps(wrap_argv(cfg, ["CMD", "ARG"], step), indent=1))
+        parts.append(f"### srun_container_args {name}\n" + json.dumps(srun_container_args(cfg, step), indent=1))
     for name, text in sorted(render_all(build_plan(cfg)).items()):
         parts.append(f"### {name}\n{text}")
     return "\n".join(parts)
@@ -74,30 +76,31 @@ def test_commands_and_scripts_match_golden(runtime: str, strategy: str, fixed_in
 
 def test_apptainer_gpu_only_for_training_on_cuda() -> None:
     cuda = _cfg("apptainer")
-    assert "--nv" in wrap_argv(cuda, ["x"], "train")
-    assert "--nv" not in wrap_argv(cuda, ["x"], "consolidate")
-    assert "--nv" not in wrap_argv(cuda, ["x"], "evaluate")
+    assert "--nv" in wrap_argv(cuda, ["x"], Role.train)
+    assert "--nv" not in wrap_argv(cuda, ["x"], Role.consolidate)
+    assert "--nv" not in wrap_argv(cuda, ["x"], Role.eval)
     cpu = _cfg("apptainer", "cluster.device=cpu")
-    assert "--nv" not in wrap_argv(cpu, ["x"], "train")
+    assert "--nv" not in wrap_argv(cpu, ["x"], Role.train)
 
 
 def test_pyxis_cpu_steps_disable_the_gpu_hook() -> None:
     cfg = _cfg("pyxis")
-    assert "--export=ALL,NVIDIA_VISIBLE_DEVICES=void" not in srun_container_args(cfg, "train")
-    for step in ("consolidate", "evaluate"):
+    assert "--export=ALL,NVIDIA_VISIBLE_DEVICES=void" not in srun_container_args(cfg, Role.train)
+    for step in (Role.consolidate, Role.eval):
         args = srun_container_args(cfg, step)
         assert "--export=ALL,NVIDIA_VISIBLE_DEVICES=void" in args
         assert any(a.startswith("--container-env=") and "NVIDIA_VISIBLE_DEVICES" in a for a in args)
 
 
 def test_unknown_step_is_refused() -> None:
-    with pytest.raises(ValueError, match="evaluate"):
-        wrap_argv(_cfg("apptainer"), ["x"], "eval")
+    """One word per role: the evaluation job's step is ``eval``, as its role; ``evaluate`` is no step."""
+    with pytest.raises(ValueError, match="'evaluate'; expected one of prepare, train, consolidate, eval$"):
+        wrap_argv(_cfg("apptainer"), ["x"], "evaluate")
 
 
 def test_apptainer_environment_is_controlled() -> None:
     cfg = _cfg("apptainer", "+container.env.MY_FLAG='a,b c'")
-    argv = wrap_argv(cfg, ["CMD"], "train")
+    argv = wrap_argv(cfg, ["CMD"], Role.train)
     assert argv[:5] == ["bash", "-c", PASS_ENV_PROGRAM, "fsdp_workflow-container-env", "apptainer"]
     assert "--cleanenv" in argv and "--no-home" in argv
     inside = argv[argv.index("/images/fsdp_workflow.sif") + 1:]
@@ -126,9 +129,9 @@ def test_pass_through_program_filters_the_host_environment(tmp_path: Path) -> No
 
 def test_pyxis_unsets_host_python_and_mounts_read_only_inputs() -> None:
     cfg = _cfg("pyxis")
-    inside = wrap_argv(cfg, ["CMD"], "train")
+    inside = wrap_argv(cfg, ["CMD"], Role.train)
     assert inside[0] == "env" and ["-u", "PYTHONPATH"] == inside[1:3] and inside[-1] == "CMD"
-    mounts = next(a for a in srun_container_args(cfg, "train") if a.startswith("--container-mounts="))
+    mounts = next(a for a in srun_container_args(cfg, Role.train) if a.startswith("--container-mounts="))
     assert "/shared/models/Meta-Llama-3-8B:/shared/models/Meta-Llama-3-8B:ro" in mounts
     assert "/runs/x:/runs/x," in mounts + ","
 
@@ -155,7 +158,7 @@ HOSTILE = ["with space", "quote'single", 'quote"double', "semi;colon && rm -rf x
 def test_hostile_run_dir_is_one_bind_argument(name: str) -> None:
     run_dir = f"/runs/{name}"
     cfg = _cfg("apptainer", run_dir=run_dir.replace("'", "\\'"))
-    argv = wrap_argv(cfg, ["CMD"], "consolidate")
+    argv = wrap_argv(cfg, ["CMD"], Role.consolidate)
     assert argv[argv.index("--pwd") + 1] == run_dir
     assert run_dir in [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
     assert not [i for i in validate(cfg).errors if i.key == "run_dir"]

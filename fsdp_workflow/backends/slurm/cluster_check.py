@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.backends.slurm.cluster_info import ClusterLimits, Node, Partition, slurm_minutes
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob
 
@@ -49,13 +50,13 @@ def option_key(cfg: WorkflowConfig, job: SbatchJob, option: str) -> Tuple[str, A
     c = cfg.cluster
     if option in c.additional_parameters:
         return f"cluster.additional_parameters.{option}", c.additional_parameters[option]
-    keys = _TRAIN_KEYS if job.role == "train" else _CPU_KEYS
+    keys = _TRAIN_KEYS if job.role == Role.train else _CPU_KEYS
     field = keys.get(option)
     if field == "consolidate_partition" and not c.consolidate_partition:
         field = "partition"  # the CPU jobs fall back to cluster.partition
     if field == "gpus_per_node" and c.gpus_per_node is None:
         field = "processes_per_node"  # one GPU per rank unless set
-    if field == "nodes" and job.role != "train":
+    if field == "nodes" and job.role != Role.train:
         return "(fixed: one node)", 1
     if field is None:
         return f"--{option}", dict(job.options).get(option)

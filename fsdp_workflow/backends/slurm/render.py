@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.backends.slurm.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
 from fsdp_workflow.backends.slurm.queue import SQUEUE_FORMAT, TERMINAL_STATES
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
@@ -142,7 +143,7 @@ def site_env_lines(plan: LaunchPlan) -> List[str]:
     return lines
 
 
-def exit_record_lines(role: str, on_term: bool) -> List[str]:
+def exit_record_lines(role: Role, on_term: bool) -> List[str]:
     """An ``EXIT`` trap that writes ``job_exits/<role>-<job id>.json`` (:mod:`fsdp_workflow.core.job_exit`).
 
     Written by the shell, so a job whose Python never started (a missing module, exit 127)
@@ -170,7 +171,7 @@ def exit_record_lines(role: str, on_term: bool) -> List[str]:
     return lines
 
 
-def config_check_lines(plan: LaunchPlan, role: str) -> List[str]:
+def config_check_lines(plan: LaunchPlan, role: Role) -> List[str]:
     """Stop at once when ``config.yaml`` is not the file that was validated (:mod:`fsdp_workflow.core.config_hash`)."""
     replan = shell_join(replan_argv(plan.run_dir))
     return [
@@ -191,7 +192,7 @@ def _dq(text: str) -> str:
     return "".join("\\" + c if c in '"$`\\' else c for c in text)
 
 
-def job_start_lines(plan: LaunchPlan, role: str, on_term: bool = True) -> List[str]:
+def job_start_lines(plan: LaunchPlan, role: Role, on_term: bool = True) -> List[str]:
     """The first lines of every batch script: the run directory, the exit record, the config check."""
     return [*_run_dir_lines(plan), *exit_record_lines(role, on_term), *config_check_lines(plan, role)]
 
@@ -300,7 +301,7 @@ def render_train_sbatch(plan: LaunchPlan) -> str:
     lines = _sbatch_header(job) + [
         HEADER,
         "set -uo pipefail",
-        *job_start_lines(plan, "train", on_term=False),  # requeues run these too
+        *job_start_lines(plan, Role.train, on_term=False),  # requeues run these too
         *site_env_lines(plan),
         f"MAX_REQUEUES={plan.max_requeues}",
         *requeue_guard_lines(),
@@ -349,8 +350,8 @@ def _single_step_sbatch(plan: LaunchPlan, job: SbatchJob, comment: str, pre: Lis
 
 # What each one-step job of the chain says about itself.
 CHAIN_COMMENTS = {
-    "prepare": "# Tokenises, masks and packs the data once, on CPU; training starts afterok.",
-    "consolidate": "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).",
+    Role.prepare: "# Tokenises, masks and packs the data once, on CPU; training starts afterok.",
+    Role.consolidate: "# Starts only after the training job succeeded (afterok, kill-on-invalid-dep).",
 }
 
 
@@ -363,7 +364,7 @@ def _staging_rm(model_dir: str) -> str:
 def render_cpu_job_sbatch(plan: LaunchPlan, job: SbatchJob) -> str:
     """A CPU job of the chain (data preparation, consolidation)."""
     cleanup: List[str] = []
-    if job.role == "consolidate":  # a requeued or killed consolidation leaves .hf_model.tmp-<pid>
+    if job.role == Role.consolidate:  # a requeued or killed consolidation leaves .hf_model.tmp-<pid>
         cleanup = [_staging_rm(str(plan.layout.hf_model)), _staging_rm(str(plan.layout.hf_model_ema))]
     return _single_step_sbatch(plan, job, CHAIN_COMMENTS[job.role], [], cleanup)
 

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from fsdp_workflow.backends.base import Refused, refused
+from fsdp_workflow.backends.base import Refused, Role, refused
 from fsdp_workflow.config.errors import ConfigError, Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
@@ -86,7 +86,7 @@ def sbatch_refusal_issue(cfg: WorkflowConfig, err: "SubmissionError") -> Optiona
     text = err.text.lower()
     for needle, (train_key, cpu_key), fix in _REFUSALS:
         if needle in text:
-            key = train_key if err.role == "train" else cpu_key
+            key = train_key if err.role == Role.train else cpu_key
             if key == "cluster.consolidate_partition" and not cfg.cluster.consolidate_partition:
                 key = "cluster.partition"  # the CPU jobs use the training partition unless told
             value: object = cfg
