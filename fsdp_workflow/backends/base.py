@@ -2,7 +2,7 @@
 
 A backend is a peer of the others behind :class:`Backend`, as submitit's ``Executor``
 keeps Slurm, local and debug apart: ``issues``, ``plan``, ``render``, ``submit``,
-``states``, ``cancel``, ``live``. :mod:`fsdp_workflow.backends.registry` picks one by
+``states``, ``cancel``, ``live``, ``job_status``. :mod:`fsdp_workflow.backends.registry` picks one by
 ``cluster.kind``; callers ask it, never the kind itself.
 
 This module imports ``core`` and :mod:`~fsdp_workflow.backends.roles` alone (the config and plan types are
@@ -12,6 +12,7 @@ for type checkers): the report stage reads :class:`JobState` from here; :class:`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -20,6 +21,7 @@ from fsdp_workflow.core.exit_codes import EXIT_USAGE
 
 if TYPE_CHECKING:
     from fsdp_workflow.config.errors import Issue, ValidationReport
+    from fsdp_workflow.config.record import RunRecord
     from fsdp_workflow.config.schema import WorkflowConfig
     from fsdp_workflow.core.lock import Lock
     from fsdp_workflow.core.rundir import RunDir
@@ -94,6 +96,29 @@ _WORDS = {
 
 # The states a job never leaves, by name, sorted: submit.sh's live-chain rule is rendered from them.
 TERMINAL_STATES: Tuple[str, ...] = tuple(sorted(s.value for s in JobState if s.ended))
+
+
+@dataclass
+class JobStatus:
+    """One job of ``jobs.txt`` as ``status`` shows it; :meth:`Backend.job_status` fills it (the field names
+    are ``status --json``'s: a scheduler without Slurm's details leaves them empty)."""
+
+    role: str  # train, consolidate, eval-step-N
+    job_id: str
+    status: str  # queued, running, requeued, done, failed, cancelled, unknown
+    slurm_state: str = ""
+    reason: str = ""  # Slurm's reason (Dependency, BeginTime, DependencyNeverSatisfied, ...)
+    exit_code: str = ""
+    restarts: int = 0  # times Slurm requeued it: scontrol's Restarts, else the log's "restart K/MAX" lines
+    max_requeues: Optional[int] = None  # cluster.max_requeues, as the training job's log states it
+    source: str = ""  # scontrol, sacct, or why neither answered
+    log: Optional[str] = None
+    message: str = ""  # the batch script's last word on requeueing ("out of requeues"), if any
+    time_limit: str = ""  # scontrol's TimeLimit ([D-]HH:MM:SS, UNLIMITED)
+    run_time: str = ""  # scontrol's RunTime when asked
+    why: Optional[dict] = None  # a failed job: {code, reason, line, fix, source} (core.job_exit)
+    reason_words: str = ""  # Slurm's pending reason in words (core.reasons), with what to do
+    record: Optional[dict] = None  # its exit record, job_exits/<role>-<id>.json
 
 
 class Refused(Exception):
@@ -171,5 +196,9 @@ class Backend(Protocol):
         """Lines a dry run prints after what it wrote (what it did not check)."""
         ...
 
+    def job_status(self, record: "RunRecord", role: str, job_id: str) -> JobStatus:
+        """What ``status`` says about job ``job_id`` of ``jobs.txt`` (``role``: its line's first word)."""
+        ...
 
-__all__ = ["Backend", "JobState", "Refused", "Role", "TERMINAL_STATES", "refused"]
+
+__all__ = ["Backend", "JobState", "JobStatus", "Refused", "Role", "TERMINAL_STATES", "refused"]

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from fsdp_workflow.backends.base import JobState, Role
+from fsdp_workflow.backends.base import JobState, JobStatus, Role
 from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
@@ -416,3 +417,7 @@ class LocalBackend:
 
     def dry_run_notes(self, run_dir: str) -> List[str]:
         return []
+
+    def job_status(self, record: RunRecord, role: str, job_id: str) -> JobStatus:
+        return JobStatus(role=role, job_id=job_id, status=JobState.UNKNOWN.word,
+                         source="a local run submits no jobs: this line is not its own")

@@ -38,6 +38,14 @@ def backend_for(cfg: WorkflowConfig) -> Backend:
         raise ValueError(f"cluster.kind={kind!r} has no backend; known: {', '.join(BACKENDS)}") from None
 
 
+def backend_of_run(cfg: Optional[WorkflowConfig]) -> Backend:
+    """The backend of a recorded run; without its config (``config.yaml`` unreadable), the first queued
+    backend registered, since only a queued one writes ``jobs.txt``."""
+    if cfg is not None:
+        return backend_for(cfg)
+    return next(b for b in BACKENDS.values() if b.queued)
+
+
 def is_slurm(cfg: WorkflowConfig) -> bool:
     """The run goes to Slurm: only this module asks; everyone else asks the backend."""
     return backend_for(cfg).kind == ClusterKind.slurm.value
@@ -54,4 +62,4 @@ def live_problem(run_dir: Path) -> Optional[str]:
     return None
 
 
-__all__ = ["BACKENDS", "backend_for", "is_slurm", "live_problem", "register"]
+__all__ = ["BACKENDS", "backend_for", "backend_of_run", "is_slurm", "live_problem", "register"]

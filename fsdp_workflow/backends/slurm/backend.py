@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from fsdp_workflow.backends.base import JobState
+from fsdp_workflow.backends.base import JobState, JobStatus
 from fsdp_workflow.backends.slurm import submit as slurm_submit
 from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
 from fsdp_workflow.backends.slurm.cluster_info import read_cluster
 from fsdp_workflow.backends.slurm.queue import SlurmQueue
 from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.backends.slurm.status_jobs import job_status
+from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.lock import Lock
@@ -52,3 +54,6 @@ class SlurmBackend:
     def dry_run_notes(self, run_dir: str) -> List[str]:
         # the partition/node/QoS limits are read only at submission (or by fsdp_workflow.check)
         return [skipped_line(run_dir)]
+
+    def job_status(self, record: RunRecord, role: str, job_id: str) -> JobStatus:
+        return job_status(record, role, job_id)

@@ -1,20 +1,21 @@
-"""One Slurm job of a run as ``status`` sees it (:class:`JobStatus`): state, restarts, log, exit record, why.
+"""One Slurm job of a run as ``status`` sees it (a :class:`JobStatus`): state, restarts, log, exit record, why.
 
 The state comes from ``scontrol show job`` (it answers without accounting, for MinJobAge
 after the end), then ``sacct`` for jobs slurmctld has forgotten; when accounting is
 disabled that is said, not hidden. A training job's restarts come from ``scontrol``
 (``Restarts``), else from the ``restart k/M`` lines its batch script logs. The job's own
-exit record (``job_exits/``) comes from the run record. Kept apart from :mod:`.collect`
-so :mod:`.eta` can name the type without an import cycle.
+exit record (``job_exits/``) comes from the run record. The Slurm backend's
+:meth:`~fsdp_workflow.backends.slurm.backend.SlurmBackend.job_status`; the type is every backend's
+(:class:`~fsdp_workflow.backends.base.JobStatus`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from fsdp_workflow.backends.base import JobStatus
 from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.core.job_exit import explain
 from fsdp_workflow.backends.slurm.reasons import explain as explain_reason
@@ -25,26 +26,6 @@ _QUEUE = SlurmQueue(timeout_s=15)  # status answers quickly, even from a busy lo
 _RESTART_LINE = re.compile(r"^\[fsdp_workflow\] .*\brestart (\d+)/(\d+)\b")
 # What train.sbatch says when the requeues are spent (either route); shown as a note.
 _OUT_OF_REQUEUES = "cluster.max_requeues="
-
-
-@dataclass
-class JobStatus:
-    role: str  # train, consolidate, eval-step-N
-    job_id: str
-    status: str  # queued, running, requeued, done, failed, cancelled, unknown
-    slurm_state: str = ""
-    reason: str = ""  # Slurm's reason (Dependency, BeginTime, DependencyNeverSatisfied, ...)
-    exit_code: str = ""
-    restarts: int = 0  # times Slurm requeued it: scontrol's Restarts, else the log's "restart K/MAX" lines
-    max_requeues: Optional[int] = None  # cluster.max_requeues, as the training job's log states it
-    source: str = ""  # scontrol, sacct, or why neither answered
-    log: Optional[str] = None
-    message: str = ""  # the batch script's last word on requeueing ("out of requeues"), if any
-    time_limit: str = ""  # scontrol's TimeLimit ([D-]HH:MM:SS, UNLIMITED)
-    run_time: str = ""  # scontrol's RunTime when asked
-    why: Optional[dict] = None  # a failed job: {code, reason, line, fix, source} (core.job_exit)
-    reason_words: str = ""  # Slurm's pending reason in words (core.reasons), with what to do
-    record: Optional[dict] = None  # its exit record, job_exits/<role>-<id>.json
 
 
 def classify(slurm_state: str, restarts: int, reason: str) -> str:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from fsdp_workflow.backends.base import JobStatus
+from fsdp_workflow.backends.registry import backend_of_run
 from fsdp_workflow.config.record import RunRecord, open_run
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.config_hash import PROVENANCE_KEY, changed_message, file_sha256
@@ -33,7 +35,6 @@ from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.report.sources import source_lines
 from fsdp_workflow.report.status.commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.report.status.eta import Progress, run_progress
-from fsdp_workflow.backends.slurm.status_jobs import JobStatus, job_status
 from fsdp_workflow.report.status.liveness import local_liveness, read_heartbeats, slurm_liveness
 
 @dataclass
@@ -123,9 +124,10 @@ def collect(run_dir: PathLike, record: Optional[RunRecord] = None) -> RunStatus:
     cfg = rec.config  # typed; None (said in problems) when config.yaml does not load
     layout = rec.layout  # cluster.log_dir and consolidate.output_dir as the run recorded them
     rs = RunStatus(run_dir=str(layout.root))
+    backend = backend_of_run(cfg)  # the scheduler that ran the jobs of jobs.txt says where each stands
     for role, job_id in rec.jobs:
-        rs.jobs.append(job_status(rec, role, job_id))
-    if not rs.jobs and cfg is not None and cfg.cluster.kind.value == "slurm":  # a local run submits nothing
+        rs.jobs.append(backend.job_status(rec, role, job_id))
+    if not rs.jobs and cfg is not None and backend.queued:  # a local run submits nothing
         rs.notes.append(f"no {JOBS_FILE}: nothing was submitted from this run directory yet")
     # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one),
     # and of those the ones resume would not skip (a truncated shard, a garbled .metadata)

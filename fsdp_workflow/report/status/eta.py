@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.report.curves import Series, series_of
-from fsdp_workflow.backends.slurm.status_jobs import JobStatus
+from fsdp_workflow.backends.base import JobStatus
 
 PACE_WINDOW = 20  # steps
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")

@@ -6,7 +6,7 @@ import pytest
 
 from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.config.record import open_run
-from fsdp_workflow.backends.slurm.status_jobs import JobStatus
+from fsdp_workflow.backends.base import JobStatus
 from fsdp_workflow.report.status.eta import progress, progress_lines, run_progress, seconds_per_step, slurm_seconds
 
 from .fixtures import MAX_STEPS, PACE_S, STEPS, write_run
