@@ -4,7 +4,8 @@
 
 Reads ``RUN_DIR/config.yaml`` (what ``dry_run=true`` wrote), rebuilds the chain
 from it and judges every job against the partitions, nodes, QoS and
-associations the cluster reports (:mod:`fsdp_workflow.backends.slurm.cluster_check`,
+associations the cluster reports (the run's backend: :meth:`~fsdp_workflow.backends.base.Backend.issues`,
+:mod:`fsdp_workflow.backends.slurm.cluster_check`,
 docs/slurm.md "What is checked before the queue"). Submitting runs the same
 checks first; this is for a dry run, or a run directory planned where Slurm was
 not reachable.
@@ -20,13 +21,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from fsdp_workflow.backends.base import SchedulerUnreachable
 from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.config.errors import ConfigError
 from fsdp_workflow.config.load import load_run_config
+from fsdp_workflow.config.schema import run_layout
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
-from fsdp_workflow.backends.slurm.cluster_check import check_chain
-from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
-from fsdp_workflow.plan.spec import build_plan
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -38,26 +38,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (FileNotFoundError, ValueError) as err:  # ConfigError and OmegaConf's errors are ValueErrors
         print(f"fsdp_workflow.check: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if not backend_for(cfg).queued:
+    backend = backend_for(cfg)
+    if not backend.queued:
         print(f"fsdp_workflow.check: {args.run_dir} was planned with cluster.kind="
               f"{cfg.cluster.kind.value}; only Slurm runs have cluster limits to check.", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        limits = read_cluster()
-    except ClusterUnreachable as err:
-        print(f"fsdp_workflow.check: cannot read the cluster: {err}. Run this on a login node of the cluster "
-              "(scontrol and sacctmgr on PATH).", file=sys.stderr)
+    try:  # the backend reads its scheduler's limits and judges the chain against them
+        report = backend.issues(cfg, backend.plan(cfg, run_layout(cfg)))
+    except SchedulerUnreachable as err:
+        print(f"fsdp_workflow.check: cannot read the cluster: {err}", file=sys.stderr)
         return 1
-    plan = build_plan(cfg)
-    report = check_chain(cfg, plan, limits)
     for warning in report.warnings:
         print(f"fsdp_workflow: warning: {warning.format()}", file=sys.stderr)
     if report.errors:
         print(f"fsdp_workflow: invalid config\n{ConfigError(report.errors)}", file=sys.stderr)
         return EXIT_USAGE
-    jobs = ", ".join(j.role for j in plan.chain)
-    note = f"; {limits.accounting_note}, QoS and associations not checked" if limits.accounting_note else ""
-    print(f"cluster checks passed on {limits.cluster or 'the cluster'} for every job ({jobs}){note}.")
+    for note in report.notes:  # what was checked, in the backend's words
+        print(note)
     return 0
 
 

@@ -121,6 +121,11 @@ class JobStatus:
     record: Optional[dict] = None  # its exit record, job_exits/<role>-<id>.json
 
 
+class SchedulerUnreachable(RuntimeError):
+    """The scheduler could not be asked (its command is missing or did not answer); the message says
+    which, why, and where to ask again."""
+
+
 class Refused(Exception):
     """A step of the submit pipeline refused; ``str(err)`` is what the CLI prints.
 
@@ -159,7 +164,15 @@ class Backend(Protocol):
     queued: bool
 
     def issues(self, cfg: "WorkflowConfig", plan: "LaunchPlan") -> "ValidationReport":
-        """What only this scheduler knows is wrong with the plan (a partition's limits); empty when nothing."""
+        """What only this scheduler knows is wrong with the plan (a partition's limits), read now.
+
+        Returns:
+            Errors (a job could never start) and warnings; its notes say what was checked, for the
+            line ``fsdp_workflow.check`` prints when nothing is wrong (none: nothing to check).
+
+        Raises:
+            SchedulerUnreachable: the scheduler did not answer (the message says where to run it).
+        """
         ...
 
     def plan(self, cfg: "WorkflowConfig", layout: "RunDir") -> "LaunchPlan":
@@ -201,4 +214,4 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "JobState", "JobStatus", "Refused", "Role", "TERMINAL_STATES", "refused"]
+__all__ = ["Backend", "JobState", "JobStatus", "Refused", "Role", "SchedulerUnreachable", "TERMINAL_STATES", "refused"]

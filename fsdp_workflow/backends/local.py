@@ -47,7 +47,7 @@ from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import RunDir
-from fsdp_workflow.backends.slurm.chain_guard import finished_message
+from fsdp_workflow.backends.finished import finished_message
 from fsdp_workflow.backends.slurm.render import render_all
 from fsdp_workflow.backends.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan, SbatchJob

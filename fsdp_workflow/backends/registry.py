@@ -39,10 +39,15 @@ def backend_for(cfg: WorkflowConfig) -> Backend:
 
 
 def backend_of_run(cfg: Optional[WorkflowConfig]) -> Backend:
-    """The backend of a recorded run; without its config (``config.yaml`` unreadable), the first queued
-    backend registered, since only a queued one writes ``jobs.txt``."""
-    if cfg is not None:
-        return backend_for(cfg)
+    """The backend whose jobs a run's ``jobs.txt`` lists: only a queued backend writes it.
+
+    The run's own when it queues; else the first queued backend registered: a local run's
+    directory holds the batch scripts too, and ``bash submit.sh`` submits it later; and a run
+    whose ``config.yaml`` does not load (``cfg`` None) says nothing of its kind.
+    """
+    own = backend_for(cfg) if cfg is not None else None
+    if own is not None and own.queued:
+        return own
     return next(b for b in BACKENDS.values() if b.queued)
 
 

@@ -14,7 +14,7 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.config.errors import ConfigError
 from fsdp_workflow.core.commands import hydra_value
-from fsdp_workflow.backends.slurm.chain_guard import finished_message
+from fsdp_workflow.backends.finished import finished_message
 from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import check_run_dir_reuse, write_run_dir
 from tests.launch.test_complete_inputs import save_step

@@ -8,7 +8,7 @@ from fsdp_workflow.backends.base import JobState, JobStatus
 from fsdp_workflow.backends.slurm import submit as slurm_submit
 from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
-from fsdp_workflow.backends.slurm.cluster_info import read_cluster
+from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.backends.slurm.queue import SlurmQueue
 from fsdp_workflow.backends.slurm.render import render_all
 from fsdp_workflow.backends.slurm.status_jobs import job_status
@@ -28,8 +28,21 @@ class SlurmBackend:
     queued = True
 
     def issues(self, cfg: WorkflowConfig, plan: LaunchPlan) -> ValidationReport:
-        """The chain against the cluster's partitions, nodes and QoS (raises ClusterUnreachable)."""
-        return check_chain(cfg, plan, read_cluster())
+        """The chain against the cluster's partitions, nodes, QoS and associations, read now.
+
+        Raises:
+            ClusterUnreachable: scontrol or sacctmgr is missing or did not answer (a SchedulerUnreachable).
+        """
+        try:
+            limits = read_cluster()
+        except ClusterUnreachable as err:
+            raise ClusterUnreachable(f"{err}. Run this on a login node of the cluster (scontrol and sacctmgr "
+                                     "on PATH).") from None
+        report = check_chain(cfg, plan, limits)
+        jobs = ", ".join(j.role for j in plan.chain)
+        note = f"; {limits.accounting_note}, QoS and associations not checked" if limits.accounting_note else ""
+        report.notes.append(f"cluster checks passed on {limits.cluster or 'the cluster'} for every job ({jobs}){note}.")
+        return report
 
     def plan(self, cfg: WorkflowConfig, layout: RunDir) -> LaunchPlan:
         return build_plan(cfg)

@@ -12,9 +12,11 @@ directory):
   refuses (exit 2), naming each job, its state and reason, and how to follow
   (``status``) or cancel it (``scancel``);
 - a run trained to ``train.max_steps`` whose model is written is complete:
-  :func:`finished_message` says where the model is; nothing is submitted (exit 0);
+  :func:`~fsdp_workflow.backends.finished.finished_message` says where the model is;
+  nothing is submitted (exit 0);
 - a model written by an earlier, shorter run must be moved aside before the run is
-  continued (a larger ``train.max_steps``): :func:`finished_message` refuses, exit 2.
+  continued (a larger ``train.max_steps``): ``finished_message`` refuses, exit 2.
+  The local backend asks the same question (:mod:`fsdp_workflow.backends.finished`).
 
 ``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.backends.slurm.render.chain_guard_lines`)
 and asks this module whether the run is complete, with the planning interpreter:
@@ -27,18 +29,14 @@ with the reason on stderr (an earlier, shorter run's model to move aside).
 
 from __future__ import annotations
 
-import logging
 import shlex
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from fsdp_workflow.config.record import open_run
-from fsdp_workflow.core.checkpoint_health import checkpoint_problem
-from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.backends.finished import finished_message
 from fsdp_workflow.backends.slurm.queue import SlurmQueue, SlurmUnreachable
-
-log = logging.getLogger(__name__)
 
 SQUEUE_TIMEOUT_S = 30
 
@@ -86,86 +84,6 @@ def live_chain_problem(run_dir: Path) -> Optional[str]:
             f"or cancel it, then submit again:  {shlex.join(['scancel', *[j[1] for j in live]])}")
 
 
-def _last_step(layout: RunDir) -> Optional[int]:
-    """The newest complete checkpoint's step that resume would take (``submit.sh`` counts every ``step-N``).
-
-    A newer one that fails :func:`~fsdp_workflow.core.checkpoint_health.checkpoint_problem` (a truncated
-    shard, a garbled ``.metadata``) does not make the run complete: resume sets it aside as
-    ``step-N.corrupt`` and trains its steps again, so the run goes on from the newest whole one.
-    """
-    for step, path in reversed(layout.list_checkpoints()):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return step
-        log.warning("[fsdp_workflow] warning: checkpoint %s cannot be resumed (%s); the run is not complete: "
-                    "resume sets it aside as step-%d.corrupt and trains its steps again", path, problem, step)
-    return None
-
-
-def _damaged_newest(layout: RunDir, last: Optional[int]) -> bool:
-    """A complete-looking checkpoint newer than ``last`` exists (it failed the health check)."""
-    found = layout.list_checkpoints()
-    return bool(found) and (last is None or found[-1][0] > last)
-
-
-def _move_aside(model: Path, last: Optional[int]) -> str:
-    """The ``mv`` that sets a model aside under the step it was trained to."""
-    return shlex.join(["mv", str(model), f"{model}.step-{last}"])
-
-
-def _further(layout: RunDir, last: Optional[int], local: bool, model: bool) -> str:
-    """How to train this run further: the override words to add, pasteable."""
-    hf_model = layout.hf_model
-    if last is None:
-        return ("Its checkpoints were removed after the consolidation, so it cannot be continued; a longer run "
-                "starts from its model in a new run_dir: "
-                f"{shell(['model.init=pretrained', f'model.name_or_path={hydra_value(str(hf_model))}'])}.")
-    how = ("To train further: the same command with a larger train.max_steps and "
-           f"{shell([f'checkpoint.resume={hydra_value(str(layout.step_dir(last)))}'])}")
-    if not model:
-        return how + "."
-    if local:
-        return how + "; the longer run's model replaces this one once it is verified."
-    return how + f", after moving this model aside ({_move_aside(hf_model, last)})."
-
-
-def finished_message(layout: RunDir, max_steps: int, consolidates: bool,
-                     local: bool = False) -> Tuple[Optional[str], int]:
-    """Whether the run in ``layout`` is already done, or its old model would fail a continuation.
-
-    Args:
-        layout: the run directory's layout.
-        max_steps: ``train.max_steps`` of the config about to run.
-        consolidates: whether the chain ends with a consolidation job.
-        local: for the local launcher, which runs nothing (rather than submitting nothing),
-            and whose consolidation replaces a model of an earlier, shorter run.
-
-    Returns:
-        ``(None, 0)`` to go on; ``(message, 0)`` for a complete run (nothing to do);
-        ``(message, 2)`` for a model of an earlier, shorter run that must be moved first
-        (never for ``local``).
-    """
-    last = _last_step(layout)
-    model = layout.hf_model
-    nothing = "Nothing run." if local else "Nothing submitted."
-    if _damaged_newest(layout, last):  # its steps are trained again: never complete, and the model is replaced
-        return None, 0
-    if consolidates and model.is_dir():
-        if last is None or last >= max_steps:
-            return (f"this run is complete (trained to step {last if last is not None else '?'} of "
-                    f"train.max_steps={max_steps}); the model is in {model}. {nothing} "
-                    f"{_further(layout, last, local, model=True)}"), 0
-        if local:
-            return None, 0
-        return (f"{model} holds the model of an earlier, shorter run (step {last} of train.max_steps={max_steps}); "
-                f"the consolidation never overwrites it. Move it aside first: {_move_aside(model, last)}; "
-                "nothing submitted."), 2
-    if not consolidates and last is not None and last >= max_steps:
-        return (f"this run is complete (trained to step {last} of train.max_steps={max_steps}; checkpoints in "
-                f"{layout.checkpoints}). {nothing} {_further(layout, last, local, model=False)}"), 0
-    return None, 0
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """``submit.sh``'s question: is this run complete, or must an old model be moved first?
 
@@ -191,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return rc
 
 
-__all__ = ["SlurmUnreachable", "finished_message", "live_chain_problem", "live_jobs", "main"]
+__all__ = ["SlurmUnreachable", "live_chain_problem", "live_jobs", "main"]
 
 
 if __name__ == "__main__":

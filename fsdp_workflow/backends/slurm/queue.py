@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fsdp_workflow.backends.base import TERMINAL_STATES, JobState
+from fsdp_workflow.backends.base import TERMINAL_STATES, JobState, SchedulerUnreachable
 
 SQUEUE_FORMAT = "%i|%T|%r"  # job id, state, reason: what :func:`parse_squeue` reads
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"  # what :func:`parse_sacct` reads (-n -P -X)
@@ -36,7 +36,7 @@ class QueuedJob:
     reason: str  # Slurm's reason code ("None" when it has none yet)
 
 
-class SlurmUnreachable(RuntimeError):
+class SlurmUnreachable(SchedulerUnreachable):
     """A Slurm command is missing or did not answer; the message says which and why."""
 
 

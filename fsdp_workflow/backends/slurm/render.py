@@ -432,7 +432,7 @@ def chain_guard_lines(plan: LaunchPlan) -> List[str]:
         "  fi",
         "fi",
     ]
-    # Complete or not is the Python route's answer (chain_guard.finished_message), asked of the planning
+    # Complete or not is the Python route's answer (backends.finished.finished_message), asked of the planning
     # interpreter and the code snapshot: the newest checkpoint that passes resume's check, never any
     # step-N directory (a truncated shard would have made a damaged run "complete").
     ask = ["env", *([f"PYTHONPATH={layout.code}", "PYTHONSAFEPATH=1"] if plan.code_dir is not None else []),

@@ -33,7 +33,8 @@ from fsdp_workflow.config.errors import ConfigError, Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.backends.slurm import pending
-from fsdp_workflow.backends.slurm.chain_guard import finished_message, live_chain_problem
+from fsdp_workflow.backends.finished import finished_message
+from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
 from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.backends.slurm.render import sbatch_argv

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fsdp_workflow.backends.base import JobStatus
-from fsdp_workflow.backends.registry import backend_of_run
+from fsdp_workflow.backends.registry import backend_for, backend_of_run
 from fsdp_workflow.config.record import RunRecord, open_run
 from fsdp_workflow.core.checkpoint_health import checkpoint_problem
 from fsdp_workflow.core.config_hash import PROVENANCE_KEY, changed_message, file_sha256
@@ -127,7 +127,7 @@ def collect(run_dir: PathLike, record: Optional[RunRecord] = None) -> RunStatus:
     backend = backend_of_run(cfg)  # the scheduler that ran the jobs of jobs.txt says where each stands
     for role, job_id in rec.jobs:
         rs.jobs.append(backend.job_status(rec, role, job_id))
-    if not rs.jobs and cfg is not None and backend.queued:  # a local run submits nothing
+    if not rs.jobs and cfg is not None and backend_for(cfg).queued:  # a local run submits nothing
         rs.notes.append(f"no {JOBS_FILE}: nothing was submitted from this run directory yet")
     # complete checkpoints only, by the trainer's own rule (a step-N without .metadata is not one),
     # and of those the ones resume would not skip (a truncated shard, a garbled .metadata)
