@@ -13,9 +13,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Any, Callable, Dict
 
 import pytest
+
+from fsdp_workflow.core.rundir import list_checkpoints
 
 from .replicas import BY_KEY, Replica, build
 
@@ -32,6 +34,18 @@ class FamilyRun:
     @property
     def out(self) -> Path:
         return self.run_dir / "hf_model"
+
+    def trained_weights(self) -> Dict[str, Any]:
+        """The model part of the run's last DCP checkpoint, read by torch's own converter (not the
+        consolidator): transformers 5's in-memory names. Converted once per run, beside it."""
+        import torch
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dest = self.run_dir.parent / "trained.pt"
+        if not dest.exists():
+            _, last = list_checkpoints(self.run_dir / "checkpoints")[-1]
+            dcp_to_torch_save(str(last), str(dest))
+        return torch.load(str(dest), weights_only=True)["model"]
 
 
 def family_env() -> Dict[str, str]:

@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
-from fsdp_workflow.core.rundir import list_checkpoints
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from tests.data.test_families import TEMPLATES
 
@@ -145,17 +144,6 @@ def _prompt(tokenizer: Any, row: Replica) -> Any:
                                          chat_template=template)["input_ids"]
 
 
-def _trained_weights(run_dir: Path) -> Dict[str, Any]:
-    """The model part of the last DCP checkpoint, read by torch's own converter (not the consolidator)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    _, last = list_checkpoints(run_dir / "checkpoints")[-1]
-    dest = run_dir.parent / "trained.pt"
-    dcp_to_torch_save(str(last), str(dest))
-    return torch.load(str(dest), weights_only=True)["model"]
-
-
 def test_logits_equal_the_trained_weights(family_run: FamilyRun) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -165,7 +153,7 @@ def test_logits_equal_the_trained_weights(family_run: FamilyRun) -> None:
     # Built in the output's dtype, as from_pretrained builds it (rotary tables stay fp32); the trained
     # fp32 weights are rounded into it by load_state_dict's copy, as torch rounds.
     ref = AutoModelForCausalLM.from_config(config, dtype=out.dtype).eval()
-    missing, unexpected = ref.load_state_dict(_trained_weights(family_run.run_dir), strict=False)
+    missing, unexpected = ref.load_state_dict(family_run.trained_weights(), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or family_run.row.tied)
     ref.tie_weights()
     base = AutoModelForCausalLM.from_pretrained(str(family_run.base), attn_implementation=ATTENTION,

@@ -17,13 +17,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable
 
 import pytest
 import torch
 
-from fsdp_workflow.core.rundir import list_checkpoints
 
 from .conftest import FamilyRun, family_env
 from .replicas import BY_KEY, Replica
@@ -39,19 +37,8 @@ def moe(family_runs: Callable[[Replica], FamilyRun]) -> FamilyRun:
     return family_runs(ROW)
 
 
-def _trained(run_dir: Path) -> Dict[str, torch.Tensor]:
-    """The model part of the last DCP checkpoint, read by torch's own converter: transformers 5's in-memory names."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    _, last = list_checkpoints(run_dir / "checkpoints")[-1]
-    dest = run_dir.parent / "trained-moe.pt"
-    if not dest.exists():
-        dcp_to_torch_save(str(last), str(dest))
-    return torch.load(str(dest), weights_only=True)["model"]
-
-
 def test_the_checkpoint_held_fused_experts_and_verification_says_it_cut_them(moe: FamilyRun) -> None:
-    assert "model.layers.0.mlp.experts.gate_up_proj" in _trained(moe.run_dir)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in moe.trained_weights()
     report = json.loads((moe.out / "verification.json").read_text())
     per_layer = 3 * ROW.experts  # gate, up and down of each expert
     assert report["ok"] and any(f"cut into {2 * per_layer} per-expert tensors" in n for n in report["notes"]), report
@@ -67,7 +54,7 @@ def test_full_verify_in_fp32_every_expert_is_its_rows_of_the_fused_tensor(moe: F
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout)["verified"] is True
-    trained, got = _trained(moe.run_dir), load_file(str(out / "model.safetensors"))
+    trained, got = moe.trained_weights(), load_file(str(out / "model.safetensors"))
     assert {k for k in got if ".experts." in k} == {
         f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight"
         for layer in range(2) for e in range(ROW.experts) for p in ("gate", "up", "down")}
