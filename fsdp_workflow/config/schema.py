@@ -20,6 +20,11 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+# The choices the strategy specs read live below this module; re-exported here under their old address.
+from fsdp_workflow.config.choices import (  # noqa: F401
+    ActivationCheckpointing, AutoWrapPolicy, Device, MixedPrecision, OffloadDevice,
+)
+from fsdp_workflow.config.strategies import strategy_names
 from fsdp_workflow.core.rundir import RunDir
 
 
@@ -48,27 +53,13 @@ def bounded(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = N
 
 
 # --------------------------------------------------------------------------- enums
-class StrategyName(str, Enum):
-    """How parameters, gradients and optimizer state are distributed.
+StrategyName = Enum(  # type: ignore[misc]  # members: the specs', in the registry's order
+    "StrategyName", {name: name for name in strategy_names()}, type=str, module=__name__, qualname="StrategyName")
+StrategyName.__doc__ = """How parameters, gradients and optimizer state are distributed.
 
     One member per strategy; what each one is lives in its spec
     (``fsdp_workflow.config.strategies``, and ``fsdp_workflow.train.strategies`` for the trainer).
     """
-
-    fsdp2 = "fsdp2"
-    fsdp1 = "fsdp1"
-    ddp = "ddp"
-    deepspeed_zero1 = "deepspeed_zero1"
-    deepspeed_zero2 = "deepspeed_zero2"
-    deepspeed_zero3 = "deepspeed_zero3"
-
-
-class AutoWrapPolicy(str, Enum):
-    """Which submodules become FSDP units (Accelerate's ``FSDP_AUTO_WRAP_POLICY``)."""
-
-    TRANSFORMER_BASED_WRAP = "TRANSFORMER_BASED_WRAP"
-    SIZE_BASED_WRAP = "SIZE_BASED_WRAP"
-    NO_WRAP = "NO_WRAP"
 
 
 class ShardingStrategy(str, Enum):
@@ -87,40 +78,11 @@ class BackwardPrefetch(str, Enum):
     NO_PREFETCH = "NO_PREFETCH"
 
 
-class ActivationCheckpointing(str, Enum):
-    """Which activations of the decoder layers are recomputed in backward instead of kept (FSDP only).
-
-    Every mode gives the same losses and gradients as ``none``; they trade memory for
-    recomputation differently (docs/training.md, "Activation checkpointing").
-    """
-
-    none = "none"  # keep every activation: fastest, most memory
-    full = "full"  # recompute every decoder layer (keep only its input)
-    every_n_layers = "every_n_layers"  # recompute every Nth layer (strategy.activation_checkpointing_every_n_layers)
-    ops = "ops"  # every layer, but keep attention and every second matmul; recompute the rest (norms, rotary...)
-
-
 class ContextParallelImpl(str, Enum):
     """How ``strategy.context_parallel_size > 1`` splits each sequence (docs/parallelism.md)."""
 
     ulysses = "ulysses"  # all-to-all: a slice of the positions outside attention, a slice of the heads inside
     ring = "ring"  # torch's ring-attention context parallel: not built, refused
-
-
-class OffloadDevice(str, Enum):
-    """DeepSpeed offload target."""
-
-    none = "none"
-    cpu = "cpu"
-    nvme = "nvme"
-
-
-class MixedPrecision(str, Enum):
-    """Accelerate's ``ACCELERATE_MIXED_PRECISION``."""
-
-    no = "no"
-    bf16 = "bf16"
-    fp16 = "fp16"
 
 
 class ModelInit(str, Enum):
@@ -196,11 +158,6 @@ class SchedulerName(str, Enum):
 class ClusterKind(str, Enum):
     local = "local"  # run on this machine with torchrun
     slurm = "slurm"  # submit a Slurm job chain
-
-
-class Device(str, Enum):
-    cuda = "cuda"
-    cpu = "cpu"
 
 
 class Launcher(str, Enum):

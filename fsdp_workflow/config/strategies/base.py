@@ -7,29 +7,33 @@ rules only it needs, and the yes/no answers the shared rules ask of it. The
 trainer's half (wrapping, checkpointer) is ``fsdp_workflow.train.strategies``,
 keyed by the same :class:`~fsdp_workflow.config.schema.StrategyName`.
 
+The schema builds ``StrategyName`` from the specs' names, so a spec names its strategy
+with a plain string and imports nothing of the schema at import time (its types only).
 No torch import here: planning must stay fast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional, Tuple
 
+from fsdp_workflow.config.choices import ActivationCheckpointing
 from fsdp_workflow.config.errors import Rule
-from fsdp_workflow.config.schema import ActivationCheckpointing, StrategyConfig, StrategyName, WorkflowConfig
+
+if TYPE_CHECKING:  # the schema lists these specs: its types only, never at import time
+    from fsdp_workflow.config.schema import StrategyConfig, WorkflowConfig
 
 # (params, gradients, optimizer state) in bytes per rank, from: parameter count, the optimizer's
 # bytes unsharded, bytes per parameter in the compute dtype, the mesh ({dim: size}) and the world size.
 MemoryTerms = Callable[[float, float, int, Dict[str, int], int], Tuple[float, float, float]]
 
 
-_DEFAULTS = StrategyConfig(name=StrategyName.fsdp2)
-
-
 def changed(s: StrategyConfig, names: Tuple[str, ...]) -> List[str]:
     """Fields set away from the schema default (so the user asked for them)."""
-    return [n for n in names if getattr(s, n) != getattr(_DEFAULTS, n)]
+    defaults = {f.name: f.default for f in dataclasses.fields(s)}
+    return [n for n in names if getattr(s, n) != defaults[n]]
 
 
 def no_env(cfg: WorkflowConfig) -> Dict[str, str]:
@@ -45,7 +49,7 @@ class StrategySpec:
     strategy answers them once, here, instead of in every module that branched.
     """
 
-    name: StrategyName
+    name: str  # its member of StrategyName (name and value), which the schema builds from the specs
     memory: MemoryTerms  # bytes per rank of params, grads and optimizer state (plan/estimate.py)
     held: str = ""  # how the model is held, said after the rank count when the spec builds no mesh
     accelerate_fsdp: bool = False  # ACCELERATE_USE_FSDP: Accelerate's FSDP plugin; the FSDP knobs apply
@@ -72,4 +76,4 @@ class StrategySpec:
         """
         if self.builds_mesh:
             return " x ".join(f"{dim} {size}" for dim, size in shape.items())
-        return f"none ({self.name.value}): {math.prod(shape.values())} data-parallel rank(s); {self.held}"
+        return f"none ({self.name}): {math.prod(shape.values())} data-parallel rank(s); {self.held}"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from fsdp_workflow.config.schema import StrategyName
 from fsdp_workflow.config.strategies.base import StrategySpec
+
+ORDER = 2  # StrategyName: fsdp2, fsdp1, ddp, deepspeed_zero1-3
 
 
 def memory(p: float, opt: float, low: int, mesh: Dict[str, int], world: int) -> Tuple[float, float, float]:
@@ -15,7 +16,7 @@ def memory(p: float, opt: float, low: int, mesh: Dict[str, int], world: int) -> 
 
 SPECS = (
     StrategySpec(
-        name=StrategyName.ddp,
+        name="ddp",
         memory=memory,
         held="each holds the whole model (DDP replicas)",
         ema=None,

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
+from fsdp_workflow.config.choices import OffloadDevice
 from fsdp_workflow.config.errors import ValidationReport
-from fsdp_workflow.config.schema import OffloadDevice, StrategyName, WorkflowConfig
 from fsdp_workflow.config.strategies.base import MemoryTerms, StrategySpec
 from fsdp_workflow.config.strategies.fsdp_env import flag
+
+if TYPE_CHECKING:
+    from fsdp_workflow.config.schema import WorkflowConfig
+
+ORDER = 3  # StrategyName: fsdp2, fsdp1, ddp, deepspeed_zero1-3
 
 
 def stage_of(cfg: WorkflowConfig) -> int:
     """The ZeRO stage that runs: ``strategy.zero_stage`` if given (validation makes it agree), else the name's."""
     s = cfg.strategy
-    return s.zero_stage if s.zero_stage is not None else _STAGES[s.name]
+    return s.zero_stage if s.zero_stage is not None else _STAGES[s.name.value]
 
 
 def env(cfg: WorkflowConfig) -> Dict[str, str]:
@@ -52,7 +57,7 @@ def _zero3(p: float, opt: float, low: int, mesh: Dict[str, int], world: int) -> 
 def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """Stage named twice must agree; offload targets must exist at that stage."""
     s, o = cfg.strategy, cfg.optimizer
-    named = _STAGES[s.name]
+    named = _STAGES[s.name.value]
     stage = stage_of(cfg)
     if s.zero_stage is not None and s.zero_stage != named:
         r.error(
@@ -82,7 +87,7 @@ def check_deepspeed(cfg: WorkflowConfig, r: ValidationReport) -> None:
         )
 
 
-def _spec(name: StrategyName, stage: int, memory: MemoryTerms) -> StrategySpec:
+def _spec(name: str, stage: int, memory: MemoryTerms) -> StrategySpec:
     return StrategySpec(
         name=name,
         memory=memory,
@@ -97,8 +102,8 @@ def _spec(name: StrategyName, stage: int, memory: MemoryTerms) -> StrategySpec:
 
 
 SPECS = (
-    _spec(StrategyName.deepspeed_zero1, 1, _zero1),
-    _spec(StrategyName.deepspeed_zero2, 2, _zero2),
-    _spec(StrategyName.deepspeed_zero3, 3, _zero3),
+    _spec("deepspeed_zero1", 1, _zero1),
+    _spec("deepspeed_zero2", 2, _zero2),
+    _spec("deepspeed_zero3", 3, _zero3),
 )
 _STAGES = {spec.name: spec.zero_stage for spec in SPECS}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
+from fsdp_workflow.config.choices import ActivationCheckpointing, Device
 from fsdp_workflow.config.errors import ValidationReport
-from fsdp_workflow.config.schema import ActivationCheckpointing, Device, StrategyName, WorkflowConfig
 from fsdp_workflow.config.strategies.base import StrategySpec
 from fsdp_workflow.config.strategies.fsdp_env import flag, fsdp_env
+
+if TYPE_CHECKING:
+    from fsdp_workflow.config.schema import WorkflowConfig
+
+ORDER = 1  # StrategyName: fsdp2, fsdp1, ddp, deepspeed_zero1-3
 
 
 def env(cfg: WorkflowConfig) -> Dict[str, str]:
@@ -84,7 +89,7 @@ def check_activation_checkpointing(cfg: WorkflowConfig, r: ValidationReport) -> 
 
 SPECS = (
     StrategySpec(
-        name=StrategyName.fsdp1,
+        name="fsdp1",
         memory=memory,
         held="FSDP1 shards the model over all of them",
         accelerate_fsdp=True,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
+from fsdp_workflow.config.choices import ActivationCheckpointing, MixedPrecision
 from fsdp_workflow.config.errors import ValidationReport
-from fsdp_workflow.config.schema import (
-    ActivationCheckpointing, MixedPrecision, StrategyName, WorkflowConfig, mesh_shape,
-)
 from fsdp_workflow.config.strategies.base import StrategySpec, changed
 from fsdp_workflow.config.strategies.fsdp_env import flag, fsdp_env
+
+if TYPE_CHECKING:
+    from fsdp_workflow.config.schema import WorkflowConfig
+
+ORDER = 0  # StrategyName: fsdp2, fsdp1, ddp, deepspeed_zero1-3
 
 # The FSDP1-only knobs: FSDP2 ignores them (forward_prefetch it refuses).
 FSDP1_ONLY = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states")
@@ -33,6 +36,8 @@ def _mesh_env(cfg: WorkflowConfig) -> Dict[str, str]:
     applies TP and FSDP2 on this mesh itself, on CPU and GPU alike (docs/parallelism.md).
     Context parallelism is refused by validation, so no ``CP_SIZE`` is written.
     """
+    from fsdp_workflow.config.schema import mesh_shape  # the schema lists this module: not at import time
+
     s = cfg.strategy
     if s.dp_replicate_size == 1 and s.tensor_parallel_size == 1:
         return {}
@@ -83,7 +88,7 @@ def check_fsdp2(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 SPECS = (
     StrategySpec(
-        name=StrategyName.fsdp2,
+        name="fsdp2",
         memory=memory,
         accelerate_fsdp=True,
         env=env,

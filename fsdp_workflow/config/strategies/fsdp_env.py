@@ -6,9 +6,12 @@ by their upper-case names, lists comma-separated.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
 
-from fsdp_workflow.config.schema import ActivationCheckpointing, AutoWrapPolicy, WorkflowConfig
+from fsdp_workflow.config.choices import ActivationCheckpointing, AutoWrapPolicy
+
+if TYPE_CHECKING:  # the schema lists the specs: its types only
+    from fsdp_workflow.config.schema import WorkflowConfig
 
 
 def flag(value: bool) -> str:
