@@ -71,7 +71,7 @@ serve()
 
 WARM = (
     "fsdp_workflow.config.validate", "fsdp_workflow.config.hydra_mode", "fsdp_workflow.plan.checks",
-    "fsdp_workflow.plan.run_dir", "fsdp_workflow.backends.slurm.chain_guard", "fsdp_workflow.backends.slurm.cluster_check",
+    "fsdp_workflow.plan.run_dir", "fsdp_workflow.backends.slurm.live_chain", "fsdp_workflow.backends.slurm.cluster_check",
     "hydra._internal.core_plugins.basic_launcher", "hydra._internal.core_plugins.basic_sweeper",
     "hydra._internal.core_plugins.file_config_source", "hydra._internal.core_plugins.structured_config_source",
     "hydra._internal.core_plugins.importlib_resources_config_source", "difflib", "subprocess",

@@ -48,7 +48,7 @@ from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_T
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.backends.finished import finished_message
-from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.backends.torchrun_io import OutputFilter, descendants, output_channel
 from fsdp_workflow.plan.jobs import LaunchPlan, SbatchJob
 from fsdp_workflow.plan.render import runtime_argv
@@ -278,7 +278,7 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     env["MASTER_PORT"] = str(free_port())
     if plan.code_dir is not None:  # the code as planned (cluster.code_snapshot), as the Slurm jobs run it
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plan.code_dir), env.get("PYTHONPATH")]))
-        env["PYTHONSAFEPATH"] = "1"  # not the working directory's copy first (see backends.slurm.render.site_env_lines)
+        env["PYTHONSAFEPATH"] = "1"  # not the working directory's copy first (see backends.slurm.scripts.site_env_lines)
     env.update(plan.nccl_env)
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.

@@ -5,7 +5,7 @@ See docs/containers.md. Each ``container.runtime`` value is one
 ``pyxis.py``, ``charliecloud.py``, ``host.py`` for ``none``), registered in
 ``registry.py``. :func:`container_command` and :func:`srun_container_args` are the
 only builders of container commands; ``plan/spec.py`` calls them and
-``plan/render.py`` writes the shell words (``backends/slurm/render.py`` the scripts).
+``plan/render.py`` writes the shell words (``backends/slurm/scripts.py`` the scripts).
 """
 
 from fsdp_workflow.container.base import (

@@ -102,7 +102,7 @@ def explicit_env(cfg: WorkflowConfig) -> Dict[str, str]:
     }
     if cfg.cluster.code_snapshot:  # the submitted code wins over a copy installed in the image
         env["PYTHONPATH"] = str(run_layout(cfg).code)
-        env["PYTHONSAFEPATH"] = "1"  # and the working directory does not come before it (backends.slurm.render)
+        env["PYTHONSAFEPATH"] = "1"  # and the working directory does not come before it (backends.slurm.scripts)
     env.update(cfg.container.env)
     return dict(sorted(env.items()))
 

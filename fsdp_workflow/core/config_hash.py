@@ -5,7 +5,7 @@ reads whatever the file holds then: a hand edit (``max_stepz`` for ``max_steps``
 would run unvalidated and unrecorded. So planning records the file's sha256 in
 ``provenance.json`` (``config_sha256``) and in every rendered job script, and every
 job (prepare, train and its requeues, consolidate, eval) compares the file with it
-before it does anything (:func:`fsdp_workflow.backends.slurm.render.config_check_lines`). On a
+before it does anything (:func:`fsdp_workflow.backends.slurm.scripts.config_check_lines`). On a
 mismatch the job stops at once with :data:`CONFIG_CHANGED_CAUSE` in its exit record
 (:mod:`fsdp_workflow.core.job_exit`) and says how to re-plan:
 ``python -m fsdp_workflow.replan RUN_DIR`` validates the edited file and records it.

@@ -1,7 +1,7 @@
 """Why a job of the chain ended: its exit record, and the line of its log that matters.
 
 One mechanism for every job (prepare, train, consolidate, eval): the batch script's
-``EXIT`` trap writes ``RUN_DIR/job_exits/<role>-<job id>.json`` (:func:`fsdp_workflow.backends.slurm.render.exit_record_lines`)
+``EXIT`` trap writes ``RUN_DIR/job_exits/<role>-<job id>.json`` (:func:`fsdp_workflow.backends.slurm.scripts.exit_record_lines`)
 with the exit code, the restart count and a cause when the script knows it (a config
 that changed since planning). The record is written by the shell, so it exists even
 when Python could not start (a missing module, exit 127); it outlives slurmctld's

@@ -2,10 +2,10 @@
 
 Every rendered ``submit.sh`` (and every run directory written before the scheduler
 backends got a package) runs this path, so it stays; the code lives in
-:mod:`fsdp_workflow.backends.slurm.chain_guard`.
+:mod:`fsdp_workflow.backends.slurm.live_chain`.
 """
 
-from fsdp_workflow.backends.slurm.chain_guard import main
+from fsdp_workflow.backends.slurm.live_chain import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The launch as data: jobs, their options, the commands they run, how they are submitted.
 
 :func:`fsdp_workflow.plan.spec.build_plan` fills these from a config;
-:mod:`fsdp_workflow.backends.slurm.render` turns them into the run directory's scripts
+:mod:`fsdp_workflow.backends.slurm.scripts` turns them into the run directory's scripts
 and ``sbatch`` commands, which :mod:`fsdp_workflow.backends.slurm.submit` runs. Nothing here touches the filesystem.
 """
 

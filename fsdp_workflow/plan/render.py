@@ -4,7 +4,7 @@ Every value that came from the config is quoted with :func:`shlex.quote`;
 only :class:`~fsdp_workflow.plan.jobs.Expand` arguments, which this package
 builds from constants, are left for the job's shell to expand. The batch scripts
 themselves (``train.sbatch``, ``submit.sh``...) are rendered by their scheduler's
-backend (:mod:`fsdp_workflow.backends.slurm.render`) from these words; nothing
+backend (:mod:`fsdp_workflow.backends.slurm.scripts`) from these words; nothing
 else concatenates shell.
 """
 

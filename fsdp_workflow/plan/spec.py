@@ -3,7 +3,7 @@
 A :class:`~fsdp_workflow.plan.jobs.LaunchPlan` holds everything the job scripts
 do, as plain values and argument lists: ``#SBATCH`` options, exported variables
 and the commands each step runs, every step wrapped for ``cfg.container``.
-The run's backend renders it into text (:mod:`fsdp_workflow.backends.slurm.render`), and both submission routes
+The run's backend renders it into text (:mod:`fsdp_workflow.backends.slurm.scripts`), and both submission routes
 (``submit.sh`` and ``python -m fsdp_workflow``) submit those same scripts.
 Building it never touches the filesystem, so a dry run and a real submission
 cannot diverge.

@@ -17,7 +17,7 @@ from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import RUNTIMES, EnvFilter, bind_list, bind_paths, srun_container_args
 from fsdp_workflow.plan.checks import check as validate
-from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.plan.render import env_filter_program
 from fsdp_workflow.plan.spec import build_plan, wrap_argv
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config import compose
-from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.plan.render import shell_join
 from fsdp_workflow.plan import spec
 from fsdp_workflow.plan.spec import build_plan

@@ -65,7 +65,7 @@ def test_every_job_script_and_the_container_put_the_snapshot_first(weird_dir: Pa
 
 def test_a_job_started_in_a_checkout_imports_the_snapshot_not_the_checkout(tmp_path: Path) -> None:
     """`python -m` puts the working directory first: a job submitted from an edited checkout must not import it."""
-    from fsdp_workflow.backends.slurm.render import site_env_lines
+    from fsdp_workflow.backends.slurm.scripts import site_env_lines
 
     run = tmp_path / "run"
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", f"run_dir={run}"])

@@ -26,7 +26,7 @@ from fsdp_workflow.report import card as card_mod
 from fsdp_workflow.report.card import main, read_run_facts, write_card
 from fsdp_workflow.report.curves import read_series
 from fsdp_workflow.report.plot import STEP_LABEL, curve_figure
-from fsdp_workflow.report.status import plot as status_plot
+from fsdp_workflow.report.status import plot_option as status_plot
 from tests.consolidate.layouts import save
 from tests.consolidate.test_hf_assets import APACHE, LLAMA31, QWEN, tiny_model
 from tests.report.status.fixtures import config_yaml

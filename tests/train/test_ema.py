@@ -219,7 +219,7 @@ def test_consolidation_job_writes_the_ema_first(tmp_path: Path) -> None:
     """consolidate.sbatch: the EMA (--subtree ema, never --remove-sharded) then the model (--subtree model).
 
     The model's step is not ``exec``'d: the job's EXIT trap writes its exit record and removes staging."""
-    from fsdp_workflow.backends.slurm.render import render_all
+    from fsdp_workflow.backends.slurm.scripts import render_all
     from fsdp_workflow.plan.spec import build_plan
 
     cfg = compose(["+experiment=smoke", "cluster=slurm", "cluster.partition=debug", "dry_run=true",

@@ -6,11 +6,11 @@ from typing import Dict, List, Optional, Sequence
 
 from fsdp_workflow.backends.base import JobState, JobStatus
 from fsdp_workflow.backends.slurm import submit as slurm_submit
-from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
+from fsdp_workflow.backends.slurm.live_chain import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
 from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
 from fsdp_workflow.backends.slurm.queue import SlurmQueue
-from fsdp_workflow.backends.slurm.render import render_all
+from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.backends.slurm.status_jobs import job_status
 from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.config.errors import ValidationReport

@@ -7,7 +7,7 @@ is written; ``bash RUN_DIR/submit.sh`` submits the same chain without Python.
     python -m fsdp_workflow.status /scratch/r1
 
 Both routes run the same ``sbatch`` argument lists
-(:func:`fsdp_workflow.backends.slurm.render.sbatch_argv`) on the same batch scripts, so
+(:func:`fsdp_workflow.backends.slurm.scripts.sbatch_argv`) on the same batch scripts, so
 what Slurm holds for every job (``scontrol write batch_script ID``) is, byte
 for byte, the ``train.sbatch`` / ``consolidate.sbatch`` in the run directory.
 That is why submission does not go through submitit's executor: it writes a
@@ -34,10 +34,10 @@ from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 from fsdp_workflow.backends.slurm import pending
 from fsdp_workflow.backends.finished import finished_message
-from fsdp_workflow.backends.slurm.chain_guard import live_chain_problem
+from fsdp_workflow.backends.slurm.live_chain import live_chain_problem
 from fsdp_workflow.backends.slurm.cluster_check import check_chain, skipped_line
 from fsdp_workflow.backends.slurm.cluster_info import ClusterUnreachable, read_cluster
-from fsdp_workflow.backends.slurm.render import sbatch_argv
+from fsdp_workflow.backends.slurm.scripts import sbatch_argv
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob, job_label
 from fsdp_workflow.plan.render import shell_join
 

@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.rundir import CONFIG_FILE, SWEEP_FILE
 from fsdp_workflow.report.status.collect import chain_outcome, collect
-from fsdp_workflow.report.status.plot import plot_run, plot_target_problem
+from fsdp_workflow.report.status.plot_option import plot_run, plot_target_problem
 from fsdp_workflow.report.status.text import format_text
 from fsdp_workflow.report.status.watch import DEFAULT_S, watch
 
@@ -48,7 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"fsdp_workflow.status: {problem}", file=sys.stderr)
             return EXIT_USAGE
     if (run_dir / SWEEP_FILE).is_file():
-        from fsdp_workflow.report.status.sweep import collect_sweep, format_sweep
+        from fsdp_workflow.report.status.sweep_status import collect_sweep, format_sweep
 
         points = collect_sweep(run_dir)
         print(json.dumps([asdict(p) for p in points], indent=2) if args.json else format_sweep(run_dir, points))

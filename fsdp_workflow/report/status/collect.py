@@ -13,7 +13,7 @@ Nothing broken is skipped in silence: a record that cannot be read (``train_exit
 ``provenance.json``, ``config.yaml``, a line of ``metrics.jsonl`` or ``evals.jsonl``, a
 heartbeat) is listed in ``problems`` with its file, its line and what is wrong. Whether
 the run is alive comes from :mod:`.liveness`; a stopped run gets no ETA, and the commands
-to resume or consolidate it (:mod:`.commands`, shell-quoted).
+to resume or consolidate it (:mod:`.paste_commands`, shell-quoted).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from fsdp_workflow.core.rundir import JOBS_FILE, PathLike, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.report.sources import source_lines
-from fsdp_workflow.report.status.commands import consolidate_argv, resume_argv, shell
+from fsdp_workflow.report.status.paste_commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.report.status.eta import Progress, run_progress
 from fsdp_workflow.report.status.liveness import local_liveness, read_heartbeats, slurm_liveness
 

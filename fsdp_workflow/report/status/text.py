@@ -5,7 +5,7 @@ from __future__ import annotations
 from fsdp_workflow.config.record import open_run
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.status.collect import RunStatus
-from fsdp_workflow.report.status.curves import curve_block
+from fsdp_workflow.report.status.text_curves import curve_block
 from fsdp_workflow.report.status.eta import progress_lines
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from fsdp_workflow.config import compose
 from fsdp_workflow.backends.slurm.submit import SubmissionError, submit_chain
-from fsdp_workflow.backends.slurm.render import sbatch_argv
+from fsdp_workflow.backends.slurm.scripts import sbatch_argv
 from fsdp_workflow.plan.spec import build_plan
 
 

@@ -1,9 +1,9 @@
-"""The terminal curves (:mod:`fsdp_workflow.report.status.curves`) drawn from a metrics.jsonl fixture."""
+"""The terminal curves (:mod:`fsdp_workflow.report.status.text_curves`) drawn from a metrics.jsonl fixture."""
 
 from __future__ import annotations
 
 from fsdp_workflow.report.curves import columns, read_series
-from fsdp_workflow.report.status.curves import EVAL_MARK, curve_block, plot
+from fsdp_workflow.report.status.text_curves import EVAL_MARK, curve_block, plot
 
 from .fixtures import EVAL_EVERY, SPIKE_LOSS, SPIKE_STEP, STEPS, eval_at, loss_at, write_run
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from fsdp_workflow.core.job_exit import explain, first_error_line
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.report.status.collect import chain_outcome, collect
-from fsdp_workflow.report.status.sweep import collect_sweep, format_sweep
+from fsdp_workflow.report.status.sweep_status import collect_sweep, format_sweep
 from fsdp_workflow.report.status.text import format_text
 from .fixtures import config_yaml
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from fsdp_workflow.config.load import compose, to_yaml
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.launch.sweep import record_planned, record_point
-from fsdp_workflow.report.status.sweep import collect_sweep, format_sweep
+from fsdp_workflow.report.status.sweep_status import collect_sweep, format_sweep
 
 
 def _run(root: Path, lr: str, metrics: list, exit_code: int | None = None, evals: list | None = None) -> Path:

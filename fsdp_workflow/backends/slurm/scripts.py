@@ -401,7 +401,7 @@ def _submit_lines(plan: LaunchPlan, job: SbatchJob, submitted: List[SbatchJob]) 
 def chain_guard_lines(plan: LaunchPlan) -> List[str]:
     """``submit.sh``'s first question: is a chain of this run directory still queued or running, or done?
 
-    The same rules as :mod:`fsdp_workflow.backends.slurm.chain_guard` (the Python route): a live
+    The same rules as :mod:`fsdp_workflow.backends.slurm.live_chain` (the Python route): a live
     job of ``jobs.txt`` refuses (exit 2, with how to follow or cancel it); a run trained
     to ``train.max_steps`` with its model written is complete (exit 0, nothing
     submitted); a model of an earlier, shorter run must be moved aside before continuing.

@@ -18,7 +18,7 @@ directory):
   continued (a larger ``train.max_steps``): ``finished_message`` refuses, exit 2.
   The local backend asks the same question (:mod:`fsdp_workflow.backends.finished`).
 
-``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.backends.slurm.render.chain_guard_lines`)
+``submit.sh`` renders the live-chain rule in shell (:func:`fsdp_workflow.backends.slurm.scripts.chain_guard_lines`)
 and asks this module whether the run is complete, with the planning interpreter:
 
     python -m fsdp_workflow.launch.chain_guard RUN_DIR --max-steps N [--consolidates]

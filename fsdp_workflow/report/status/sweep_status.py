@@ -20,7 +20,7 @@ from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_T
 from fsdp_workflow.core.rundir import CONFIG_FILE, read_sweep_index
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.status.collect import RunStatus, collect
-from fsdp_workflow.report.status.commands import shell, status_argv
+from fsdp_workflow.report.status.paste_commands import shell, status_argv
 
 # The chain's jobs, in order.
 _CHAIN = ("prepare", "train", "consolidate")
