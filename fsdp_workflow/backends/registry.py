@@ -2,22 +2,47 @@
 
 The one place a backend is registered and the one place that asks which kind a run is
 (:func:`is_slurm`, for the few callers that only make sense on Slurm: the Python API's
-handles, ``fsdp_workflow.check``). Adding a backend is a module in this package, a line
-in :data:`BACKENDS` and its value in ``config/schema.py``'s ``ClusterKind``.
+handles, ``fsdp_workflow.check``).
+
+Nothing lists the backends: a module of this package (or a subpackage's ``backend`` module)
+that defines ``BACKEND`` is one, found here with ``pkgutil``. Adding a backend is that module,
+its value in ``config/schema.py``'s ``ClusterKind`` and a ``conf/cluster/<name>.yaml``: three files
+(docs/contributing.md, "Architecture").
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 from fsdp_workflow.backends.base import Backend
-from fsdp_workflow.backends.local import LocalBackend
-from fsdp_workflow.backends.slurm.backend import SlurmBackend
 from fsdp_workflow.config.record import open_run
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 
-BACKENDS: Dict[str, Backend] = {b.kind: b for b in (LocalBackend(), SlurmBackend())}
+_PACKAGE = __name__.rsplit(".", 1)[0]
+
+
+def _found() -> Iterator[Backend]:
+    """Every ``BACKEND`` of this package's modules and of its subpackages' ``backend`` modules, by name."""
+    here = importlib.import_module(_PACKAGE)
+    for info in sorted(pkgutil.iter_modules(here.__path__), key=lambda m: m.name):
+        if info.name == "registry":
+            continue
+        name = f"{_PACKAGE}.{info.name}" + (".backend" if info.ispkg else "")
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a subpackage without a backend module is not a backend; a broken one is an error
+                raise
+            continue
+        backend = getattr(module, "BACKEND", None)
+        if backend is not None:
+            yield backend
+
+
+BACKENDS: Dict[str, Backend] = {b.kind: b for b in _found()}
 
 
 def register(backend: Backend) -> None:

@@ -176,3 +176,21 @@ def test_a_second_submission_is_refused_while_the_fakes_chain_is_live(fake: Fake
     assert exc.value.code == 2
     assert "fake jobs 100, 101, 102" in capsys.readouterr().err
     assert len(fake.submitted) == 3  # nothing submitted twice
+
+
+def test_a_module_that_defines_backend_is_found_without_another_edit(tmp_path: Path, monkeypatch) -> None:
+    """The registry lists no backend: a new module of the package with ``BACKEND`` is one (docs/contributing.md
+    counts a backend as that module, its ``ClusterKind`` value and its conf/cluster YAML)."""
+    import fsdp_workflow.backends as package
+    from fsdp_workflow.backends import registry
+
+    (tmp_path / "probe_sched.py").write_text("class Probe:\n    kind = 'probe'\n\n\nBACKEND = Probe()\n")
+    (tmp_path / "no_backend_here.py").write_text("X = 1\n")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    try:
+        found = {b.kind: type(b).__name__ for b in registry._found()}
+    finally:
+        for name in ("probe_sched", "no_backend_here"):
+            sys.modules.pop(f"fsdp_workflow.backends.{name}", None)
+    assert found == {"local": "LocalBackend", "probe": "Probe", "slurm": "SlurmBackend"}, found
+    assert set(BACKENDS) == {"local", "slurm"}  # the package's own, found at import

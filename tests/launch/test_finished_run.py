@@ -1,7 +1,7 @@
 """What a finished run says when its command is given again, and that its advice is accepted.
 
 The Slurm route end to end (the CLI and ``submit.sh`` on a finished run, a live chain refused)
-is in tests/slurm/test_chain_guard.py; the local route in tests/launch/test_local.py.
+is in tests/slurm/test_chain_guard.py; the local route in tests/backends/test_local.py.
 """
 
 from __future__ import annotations

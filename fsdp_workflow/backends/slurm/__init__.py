@@ -5,7 +5,8 @@
 * :mod:`queue` - squeue, scontrol -o and sacct read in one place (pure: plan and report read it).
 * :mod:`reasons` - Slurm's pending reasons in words (pure: ``submit.sh`` renders from it).
 * :mod:`pending` - the watch of a submitted chain's pending reasons.
-* :mod:`chain_guard` - one live chain per run directory; a finished run is not run again.
+* :mod:`scripts` - the batch scripts, ``submit.sh``, the per-node launcher and the sbatch command lines.
+* :mod:`live_chain` - one live chain per run directory (``launch/chain_guard.py``, which ``submit.sh`` runs, asks it).
 * :mod:`cluster_info`, :mod:`cluster_check` - the cluster's limits, and a chain judged against them.
 * :mod:`handles` - the Python API's submitit handles.
 * :mod:`status_jobs` - what ``status`` says about one job.
