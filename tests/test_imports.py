@@ -305,9 +305,6 @@ def test_the_literal_check_would_catch(tmp_path: Path, literal: str) -> None:
 # A name every pluggable package gives its protocol and its registry, read with the package's name
 # (container.base, backends.registry): the pattern is the point.
 SHARED_BY_DESIGN = {"base", "registry"}
-# Repeated names not renamed yet (issue 40, item 5), each in a package another change owns or
-# with many importers: the list only shrinks (test_the_not_yet_renamed_list_only_shrinks).
-NOT_YET_RENAMED = {"api", "checkpoint", "checks", "errors", "keys", "record", "schema", "sources"}
 
 
 def basename_collisions() -> Dict[str, List[str]]:
@@ -327,10 +324,7 @@ def basename_collisions() -> Dict[str, List[str]]:
 def test_no_two_modules_share_a_name() -> None:
     """``report/curves.py`` (data) beside ``report/status/curves.py`` (drawing) made every search, traceback
     and import line ambiguous: a module's file name says which one it is."""
-    new = {n: p for n, p in basename_collisions().items() if n not in SHARED_BY_DESIGN | NOT_YET_RENAMED}
+    new = {n: p for n, p in basename_collisions().items() if n not in SHARED_BY_DESIGN}
     assert new == {}, f"give each module a name of its own (git mv): {new}"
 
 
-def test_the_not_yet_renamed_list_only_shrinks() -> None:
-    gone = sorted(NOT_YET_RENAMED - set(basename_collisions()))
-    assert gone == [], f"no longer repeated: drop {gone} from NOT_YET_RENAMED"

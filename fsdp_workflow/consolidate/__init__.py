@@ -6,7 +6,7 @@
 See ``python -m fsdp_workflow.consolidate --help`` and docs/consolidation.md.
 """
 
-from .api import ConsolidationResult, consolidate
-from .errors import ConsolidationError, UnsafeCheckpointError
+from .consolidation import ConsolidationResult, consolidate
+from .consolidation_errors import ConsolidationError, UnsafeCheckpointError
 
 __all__ = ["consolidate", "ConsolidationResult", "ConsolidationError", "UnsafeCheckpointError"]

@@ -42,8 +42,8 @@ from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
 from fsdp_workflow.core.interrupts import sigterm_as_ctrl_c, stopped_by
 
-from .api import consolidate, stopped_word
-from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
+from .consolidation import consolidate, stopped_word
+from .consolidation_errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .nonfinite import NonFiniteWeightsError
 
 

@@ -7,7 +7,7 @@ with the number of checkpoints averaged.
 from __future__ import annotations
 
 from .casting import FLOAT_NAMES, from_f32, to_f32
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .metadata import dtype_info
 from .reader import ChunkHandle, SourceTensor
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, TypedDict
 from fsdp_workflow.core.rundir import DEEPSPEED_LATEST
 from fsdp_workflow.core.safe_pickle import CorruptPickleError, FragmentAddress, UnsafePickleError, load_torch_file
 
-from .errors import ConsolidationError, UnsafeCheckpointError
+from .consolidation_errors import ConsolidationError, UnsafeCheckpointError
 from .reader import Chunk, SourceTensor
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from typing import Any
 from fsdp_workflow.core.licences import licence_files
 from fsdp_workflow.core.modeldir import CARD_FILE
 
-from .errors import ConsolidationError
-from .keys import WRAPPER_CLASS_NAMES, fix_architecture
+from .consolidation_errors import ConsolidationError
+from .key_names import WRAPPER_CLASS_NAMES, fix_architecture
 from .jsontypes import JsonObject, JsonValue
 
 # Files copied verbatim from the reference directory when present.

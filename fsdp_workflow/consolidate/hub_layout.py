@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .jsontypes import JsonObject
 
 Shape = tuple[int, ...]

@@ -1,7 +1,7 @@
 """The JSON value types of the files the consolidator reads and writes (config.json, verification.json).
 
 Kept apart from both so that the readers (:mod:`.hf_assets`, :mod:`.source`) and the report's
-schema (:mod:`.verify.schema`) name one definition without importing each other.
+schema (:mod:`.verify.report_schema`) name one definition without importing each other.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from fsdp_workflow.core.checkpoint_health import dcp_problem
 from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, DCP_METADATA, HF_ASSETS_DIR, parse_step, step_name
 
 from .deepspeed import find_deepspeed_dir
-from .errors import ConsolidationError, IncompleteCheckpointError
+from .consolidation_errors import ConsolidationError, IncompleteCheckpointError
 
 # Step directories of other tools (this project's ``step-N`` is fsdp_workflow.core.rundir's):
 # HF Trainer ``checkpoint-N``, DeepSpeed ``global_stepN``, torchtitan/Megatron ``step_N`` /

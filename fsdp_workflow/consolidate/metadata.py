@@ -25,7 +25,7 @@ from fsdp_workflow.core.safe_pickle import (
     refusal,
 )
 
-from .errors import ConsolidationError, UnsafeCheckpointError
+from .consolidation_errors import ConsolidationError, UnsafeCheckpointError
 
 # torch dtype name -> (safetensors dtype, bytes per element, is floating point)
 DTYPES: dict[str, tuple[str, int, bool]] = {

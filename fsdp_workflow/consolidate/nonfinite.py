@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from fsdp_workflow.core.exit_codes import EXIT_NONFINITE
 
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,7 +14,7 @@ from fsdp_workflow.core.modeldir import VERIFICATION_FILE
 from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
-from .errors import ConsolidationError, OutputExistsError
+from .consolidation_errors import ConsolidationError, OutputExistsError
 
 
 

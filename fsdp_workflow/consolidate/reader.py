@@ -16,7 +16,7 @@ from typing import IO, Protocol
 
 from fsdp_workflow.core.rundir import DCP_METADATA
 
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .metadata import BytesStorageMetadata, StorageInfo, TensorStorageMetadata, dtype_info, load_dcp_metadata
 from .zipchunk import ChunkData, locate_chunk
 

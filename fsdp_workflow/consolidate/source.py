@@ -15,7 +15,7 @@ from pathlib import Path
 from fsdp_workflow.core.paths import output_overlap
 
 from .deepspeed import DeepSpeedCheckpoint
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .hf_assets import fixed_architectures, read_config
 from .layout import Resolved, resolve, step_of
 from .metadata import load_meta_pt

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 from .average import normalise_weights
 from .casting import FLOAT_NAMES
 from .deepspeed import DeepSpeedCheckpoint
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .hub_layout import hub_pieces
-from .keys import TiedPair, map_keys, tied_pair
+from .key_names import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
 from .source import Source
 from .verify.architecture import ArchitectureCheck, ArchResult, record_architecture, record_loading
-from .verify.schema import VerificationReport
+from .verify.report_schema import VerificationReport
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 from fsdp_workflow.core.logs import is_terminal
 from fsdp_workflow.core.modeldir import INDEX_FILE, VERIFICATION_FILE

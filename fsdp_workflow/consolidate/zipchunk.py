@@ -17,7 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .metadata import TensorRef, dtype_info, restricted_loads
 
 _EOCD = b"PK\x05\x06"

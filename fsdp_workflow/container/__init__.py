@@ -19,7 +19,7 @@ from fsdp_workflow.container.base import (
     uses_gpu,
 )
 from fsdp_workflow.container.binds import Bind, bind_list, bind_paths
-from fsdp_workflow.container.checks import check_container_steps, container_issues
+from fsdp_workflow.container.image_checks import check_container_steps, container_issues
 from fsdp_workflow.container.registry import RUNTIMES, runtime_for
 from fsdp_workflow.container.wrap import container_command, in_image, srun_container_args
 

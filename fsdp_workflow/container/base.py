@@ -4,7 +4,7 @@ A runtime (``container.runtime``) is one :class:`Runtime` subclass, found throug
 :mod:`fsdp_workflow.container.registry`. It answers four questions, as data:
 
 * **checks**: :meth:`Runtime.issues`, the config and host rules only this runtime has
-  (the shared ones, bind syntax and sources, env names, live in ``checks.py``);
+  (the shared ones, bind syntax and sources, env names, live in ``image_checks.py``);
 * **binds**: :meth:`Runtime.bind_arg` spells one :class:`~fsdp_workflow.container.binds.Bind`
   and :attr:`Runtime.unbindable_chars` says what it cannot carry;
 * **environment filtering**: :attr:`Runtime.env_filter`, which host variables cross and

@@ -1,8 +1,8 @@
 """Plan-time rules of ``data.sources`` (a mixture): every problem of every source, in one report.
 
-Run with the other data rules (:data:`fsdp_workflow.data.checks.RULES`) when a
+Run with the other data rules (:data:`fsdp_workflow.data.plan_checks.RULES`) when a
 run is planned; a violation exits 2 before anything is written. The format
-and field rules of each source are :mod:`fsdp_workflow.data.checks`' own, run
+and field rules of each source are :mod:`fsdp_workflow.data.plan_checks`' own, run
 per source.
 """
 

@@ -10,9 +10,9 @@ trainer it uses besides the trackers' :func:`~fsdp_workflow.train.trackers.log_c
 the rendered ``post_checkpoint.sh`` submits that job (the trainer only runs the hook).
 
 * :mod:`.run`: the run directory as evaluation reads it (config and layout, one function);
-* :mod:`.checkpoint`: consolidate a checkpoint (and its EMA), measure, clean up;
+* :mod:`.per_checkpoint`: consolidate a checkpoint (and its EMA), measure, clean up;
 * :mod:`.perplexity`: a consolidated model's loss on the held-out samples;
-* :mod:`.record`: the ``evals.jsonl`` line, and the experiment trackers;
+* :mod:`.eval_record`: the ``evals.jsonl`` line, and the experiment trackers;
 * :mod:`.__main__`: the command line.
 
 See docs/evaluation.md.

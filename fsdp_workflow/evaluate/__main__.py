@@ -3,7 +3,7 @@
     python -m fsdp_workflow.evaluate RUN_DIR STEP
 
 Run by ``eval.sbatch`` for each checkpoint (``consolidate.every_checkpoint=true``), or by
-hand. It prints the record it appended (one JSON line, :mod:`fsdp_workflow.evaluate.record`)
+hand. It prints the record it appended (one JSON line, :mod:`fsdp_workflow.evaluate.eval_record`)
 and logs it to the run's experiment trackers. Exit code 0 (``ok`` or ``skipped``), 1 when the
 evaluation failed, 2 for bad arguments, a RUN_DIR without a readable config.yaml, or a STEP
 the run never saved (nothing is appended then; the message lists the steps it saved, from
@@ -21,8 +21,8 @@ from typing import List, Optional
 
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fsdp_workflow.core.logs import setup_logging
-from fsdp_workflow.evaluate.checkpoint import NoSuchCheckpoint, evaluate_checkpoint
-from fsdp_workflow.evaluate.record import FAILED, append_record, track_result
+from fsdp_workflow.evaluate.per_checkpoint import NoSuchCheckpoint, evaluate_checkpoint
+from fsdp_workflow.evaluate.eval_record import FAILED, append_record, track_result
 from fsdp_workflow.evaluate.run import RunNotReadable, open_run
 
 

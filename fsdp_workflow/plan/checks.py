@@ -17,8 +17,8 @@ from fsdp_workflow.config.model_dir import resolve_model
 from fsdp_workflow.config.path_keys import make_paths_absolute, path_issues
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.config.validate import validate
-from fsdp_workflow.container.checks import check_container_steps
-from fsdp_workflow.data import checks as data_checks
+from fsdp_workflow.container.image_checks import check_container_steps
+from fsdp_workflow.data import plan_checks as data_checks
 from fsdp_workflow.plan.inputs import check_eval_data
 
 

@@ -8,7 +8,7 @@ It sits above train and consolidate and reads the run directory only through the
   (``README.md``) the consolidation job writes beside the verified weights;
 - :mod:`.curves`: the metrics series as plottable columns; :mod:`.plot`: the one matplotlib
   picture of them (``status --plot`` and the card's ``loss_curve.png``);
-- :mod:`.sources`: the data sources a run trained on, with their counts (status and the card).
+- :mod:`.run_sources`: the data sources a run trained on, with their counts (status and the card).
 
 Nothing below this stage imports it (tests/test_imports.py).
 """

@@ -44,7 +44,7 @@ from fsdp_workflow.core.modeldir import CARD_FILE, CURVE_FILE, VERIFICATION_FILE
 from fsdp_workflow.core.rundir import CONFIG_FILE, atomic_write_text
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.plot import write_png
-from fsdp_workflow.report.sources import source_lines
+from fsdp_workflow.report.run_sources import source_lines
 
 TAGS = ["fsdp_workflow"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any of them: AutoTokenizer loads

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_workflow.config.load import compose
-from fsdp_workflow.data.checks import tokenizer_vocab_size
+from fsdp_workflow.data.plan_checks import tokenizer_vocab_size
 from fsdp_workflow.plan.checks import check
 
 ROOT = Path(__file__).resolve().parents[2]

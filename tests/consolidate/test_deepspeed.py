@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fsdp_workflow.consolidate import api
-from fsdp_workflow.consolidate.errors import ConsolidationError
+from fsdp_workflow.consolidate import consolidation as api
+from fsdp_workflow.consolidate.consolidation_errors import ConsolidationError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = ["deepspeed_zero3/tiny_llama", "deepspeed_zero3/tiny_qwen2", "deepspeed_zero2/tiny_qwen2"]

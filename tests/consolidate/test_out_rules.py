@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdp_workflow.consolidate.api import lock_path
+from fsdp_workflow.consolidate.consolidation import lock_path
 from fsdp_workflow.consolidate.writer import COPY_DELAY_ENV
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_USAGE
 

@@ -215,7 +215,7 @@ def test_too_little_space_is_refused_before_anything_is_written(trained, tmp_pat
 
 def test_a_disk_that_fills_during_the_copy_leaves_no_partial_model(trained, tmp_path, small_fs, monkeypatch):
     """The free-space check passes (a quota it cannot see, or another writer): ENOSPC mid-copy, cleaned up."""
-    from fsdp_workflow.consolidate import api
+    from fsdp_workflow.consolidate import consolidation as api
 
     run = _copy_run(trained, tmp_path)
     shards = _files(run)

@@ -12,8 +12,8 @@ import torch
 from fsdp_workflow.core.sizes import parse_size
 from fsdp_workflow.consolidate import writer
 from fsdp_workflow.consolidate.casting import cast_bytes
-from fsdp_workflow.consolidate.errors import ConsolidationError, UnsafeCheckpointError
-from fsdp_workflow.consolidate.keys import fix_architecture, map_keys
+from fsdp_workflow.consolidate.consolidation_errors import ConsolidationError, UnsafeCheckpointError
+from fsdp_workflow.consolidate.key_names import fix_architecture, map_keys
 from fsdp_workflow.consolidate.metadata import restricted_loads
 from fsdp_workflow.consolidate.reader import Chunk, chunk_runs
 from fsdp_workflow.consolidate.zipchunk import locate_chunk

@@ -98,7 +98,7 @@ def test_missing_text_field_suggests_a_key_the_planner_accepts(tmp_path: Path) -
         prepare(cfg, num_workers=1, progress=False)
     assert "data.text_field=NAME" in str(err.value) and "data.fields" not in str(err.value)
     from fsdp_workflow.config.errors import ValidationReport
-    from fsdp_workflow.data.checks import check_data_format
+    from fsdp_workflow.data.plan_checks import check_data_format
 
     cfg.data.text_field = "body"  # the suggested fix passes the planner's data rules
     report = ValidationReport()

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.data.open import open_cache
 from fsdp_workflow.evaluate.__main__ import main
-from fsdp_workflow.evaluate.checkpoint import evaluate_checkpoint
+from fsdp_workflow.evaluate.per_checkpoint import evaluate_checkpoint
 from fsdp_workflow.evaluate.perplexity import MAX_EVAL_SAMPLES
 from fsdp_workflow.evaluate.run import RunNotReadable, open_run
 from tests.conftest import EMA_RUN, EMA_STEPS

@@ -26,5 +26,5 @@ def test_only_open_run_loads_the_run_config() -> None:
                 name = ast.unparse(node.func)
                 if name in ("load_run_config", "RunDir.of", "RunDir.recorded", "run_layout", "open", "run_record"):
                     callers.add((path.name, name))
-    # record.py appends to evals.jsonl (evaluate writes it); run.py asks the run record for the rest
-    assert callers == {("run.py", "run_record"), ("record.py", "open")}
+    # eval_record.py appends to evals.jsonl (evaluate writes it); run.py asks the run record for the rest
+    assert callers == {("run.py", "run_record"), ("eval_record.py", "open")}

@@ -192,7 +192,7 @@ def test_the_card_names_each_source_of_a_mixture_with_the_caches_counts(tmp_path
          "document_share": 0.75, "train_tokens": 3000, "token_share": 0.8},
         {"name": "notes", "path": "/d/notes.jsonl", "records": 10, "bad_records": 0, "train_documents": 10,
          "document_share": 0.25, "train_tokens": 750, "token_share": 0.2}]}
-    monkeypatch.setattr("fsdp_workflow.report.sources.cache_meta", lambda record: meta)
+    monkeypatch.setattr("fsdp_workflow.report.run_sources.cache_meta", lambda record: meta)
     assert write_card(out, open_run(run.root)) is None
     text = (out / CARD_FILE).read_text()
     assert ("| data source | chat (/d/chat.jsonl): 30 documents (75.0%), 3,000 tokens (80.0%), 40 records read, "

@@ -1,4 +1,4 @@
-"""The data sources ``status`` and the model card name (:mod:`fsdp_workflow.report.sources`)."""
+"""The data sources ``status`` and the model card name (:mod:`fsdp_workflow.report.run_sources`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fsdp_workflow.config.load import compose, to_yaml
 from fsdp_workflow.config.record import open_run
-from fsdp_workflow.report.sources import source_lines
+from fsdp_workflow.report.run_sources import source_lines
 
 ROW = {"name": "sft", "path": "/d/sft.jsonl", "records": 12, "bad_records": 2, "train_documents": 9,
        "document_share": 1.0, "train_tokens": 900, "token_share": 1.0}

@@ -81,7 +81,7 @@ def test_consolidated_model_matches_training_weights(straight_run: Path, tmp_pat
     import subprocess
     import sys
 
-    pytest.importorskip("fsdp_workflow.consolidate.api")
+    pytest.importorskip("fsdp_workflow.consolidate.consolidation")
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "hf_model"

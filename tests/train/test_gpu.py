@@ -52,7 +52,7 @@ def test_resume_on_gpu(gpu_run: Path, tmp_path: Path) -> None:
 
 
 def test_consolidate_gpu_checkpoint(gpu_run: Path) -> None:
-    pytest.importorskip("fsdp_workflow.consolidate.api")
+    pytest.importorskip("fsdp_workflow.consolidate.consolidation")
     out = gpu_run / "hf_model"
     proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.consolidate", str(gpu_run), str(out)],
                           capture_output=True, text=True, timeout=300)

@@ -5,7 +5,7 @@ TensorBoard's ``EventAccumulator`` and MLflow's ``MlflowClient`` on the
 ``file://`` store under ``RUN_DIR/trackers/`` must hold every numeric field of
 every ``metrics.jsonl`` line at its step, the flattened config as
 hyperparameters, and only rank 0's writing. The evaluation job's hook
-(``fsdp_workflow.evaluate.record.track_result``) then logs an ``evals.jsonl``
+(``fsdp_workflow.evaluate.eval_record.track_result``) then logs an ``evals.jsonl``
 line into the same TensorBoard folder and the same MLflow run. The run's log
 (stderr piped to a file, as in a Slurm job) doubles as the non-TTY progress check.
 No network: both trackers write local files. tensorboard and mlflow-skinny come
@@ -62,7 +62,7 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> TrackedRun:
     files = _event_files(run)
     # the evaluation job's hook, in a process of its own, as eval.sbatch runs it
     code = ("import json, sys; from pathlib import Path; from fsdp_workflow.core.logs import setup_logging; "
-            "from fsdp_workflow.evaluate.record import track_result; from fsdp_workflow.evaluate.run import open_run; "
+            "from fsdp_workflow.evaluate.eval_record import track_result; from fsdp_workflow.evaluate.run import open_run; "
             "setup_logging(); track_result(open_run(Path(sys.argv[1])), json.loads(sys.argv[2]))")
     ev = subprocess.run([sys.executable, "-c", code, str(run_dir), json.dumps(EVAL_RECORD)],
                         env=launch_env(run_dir), capture_output=True, text=True, timeout=180)

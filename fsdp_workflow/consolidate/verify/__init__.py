@@ -15,8 +15,8 @@ nothing with the writer's plan, and records what it found in ``verification.json
 * :mod:`.architecture`: the written keys against the class config.json names, and the
   ``from_pretrained`` load; :mod:`.architecture_rules` answers for Llama, Mistral and Qwen2
   from config.json alone;
-* :mod:`.schema`: the shape of ``verification.json``.
+* :mod:`.report_schema`: the shape of ``verification.json``.
 
 This file imports nothing: the copy path (``--no-verify``) and the modules below the
-verifier import only the part they need (:mod:`.schema` alone costs nothing).
+verifier import only the part they need (:mod:`.report_schema` alone costs nothing).
 """

@@ -20,7 +20,7 @@ from fsdp_workflow.core.rundir import atomic_write_text
 from ..hf_assets import needs_arch_from_model_type
 from ..hub_layout import layout_for
 from .architecture_rules import ArchResult, expected_from_rules
-from .schema import FromPretrainedReport, KeyReport, VerificationReport
+from .report_schema import FromPretrainedReport, KeyReport, VerificationReport
 
 __all__ = ["ArchResult", "ArchitectureCheck", "cached_expected", "compare_keys", "from_pretrained_check",
            "record_architecture", "record_loading"]

@@ -6,7 +6,7 @@ writer's plan (:class:`~fsdp_workflow.consolidate.writer.OutTensor`) or its chun
 ``zipchunk.locate_chunk``):
 
 * tensor names: ``.metadata`` is read again and every key renamed by calling the key-hygiene
-  rule (:func:`~fsdp_workflow.consolidate.keys.map_keys`) directly; the tied-embedding rule and
+  rule (:func:`~fsdp_workflow.consolidate.key_names.map_keys`) directly; the tied-embedding rule and
   the saved layout of MoE experts (:func:`~fsdp_workflow.consolidate.hub_layout.hub_pieces`: which
   box of which source tensor each expert is) likewise;
 * chunks: every chunk ``.metadata`` lists (replicas too), with its storage item;
@@ -33,9 +33,9 @@ from pathlib import Path
 from fsdp_workflow.core.rundir import DCP_METADATA
 
 from ..casting import FLOAT_NAMES
-from ..errors import ConsolidationError
+from ..consolidation_errors import ConsolidationError
 from ..hub_layout import hub_pieces
-from ..keys import map_keys, tied_pair
+from ..key_names import map_keys, tied_pair
 from ..metadata import TensorRef, TensorStorageMetadata, dtype_info, load_dcp_metadata, restricted_loads
 from ..reader import Chunk, DcpCheckpoint, _torch_load_chunk
 from ..source import Source

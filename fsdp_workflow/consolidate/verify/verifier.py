@@ -18,7 +18,7 @@ checkpoint again) and by the output files themselves, never by the writer's plan
    index file.
 
 The result is an :class:`Outcome`: the problems found, and verification.json's
-``tensors`` and ``values`` entries (:mod:`.schema`).
+``tensors`` and ``values`` entries (:mod:`.report_schema`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConsolidationError
+from ..consolidation_errors import ConsolidationError
 from ..source import Source
 from .expected import ExpectedModel, expected_model
 from .files import Located, check_files, read_header
 from .safetensors_probe import SafetensorsProbe
-from .schema import TensorEntry, ValuesReport
+from .report_schema import TensorEntry, ValuesReport
 from .values import SLAB_BYTES, SlabBuffers, TensorCheck, compare_tensor
 
 CHECKSUM = "xxh3_128"

@@ -32,7 +32,7 @@ from fsdp_workflow.backends.slurm.reasons import explain as explain_reason
 from fsdp_workflow.core.rundir import JOBS_FILE, PathLike, RunDir
 from fsdp_workflow.data.cache import CacheError
 from fsdp_workflow.data.open import open_cache
-from fsdp_workflow.report.sources import source_lines
+from fsdp_workflow.report.run_sources import source_lines
 from fsdp_workflow.report.status.paste_commands import consolidate_argv, resume_argv, shell
 from fsdp_workflow.report.status.eta import Progress, run_progress
 from fsdp_workflow.report.status.liveness import local_liveness, read_heartbeats, slurm_liveness

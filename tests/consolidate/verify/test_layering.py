@@ -12,7 +12,7 @@ from tests.test_imports import _graph
 
 PKG = "fsdp_workflow.consolidate"
 VERIFY = f"{PKG}.verify"
-ABOVE = {f"{PKG}.steps", f"{PKG}.api"}  # the steps that run verification and report it
+ABOVE = {f"{PKG}.steps", f"{PKG}.consolidation"}  # the steps that run verification and report it
 
 
 def _importers_of_verify(graph: Dict[str, Set[str]]) -> Set[str]:
@@ -30,7 +30,7 @@ def test_only_the_steps_import_verify() -> None:
     graph = _graph()
     assert {m for m in graph if m.startswith(VERIFY + ".")} >= {
         f"{VERIFY}.{m}" for m in ("expected", "values", "rounding", "files", "safetensors_probe", "verifier",
-                                  "architecture", "architecture_rules", "schema")}
+                                  "architecture", "architecture_rules", "report_schema")}
     assert _importers_of_verify(graph) == ABOVE
 
 
@@ -39,7 +39,7 @@ def test_verify_never_imports_what_imports_it() -> None:
 
 
 def test_the_check_catches_a_reader_that_imports_verify() -> None:
-    graph = {f"{PKG}.source": {f"{VERIFY}.schema"}, f"{VERIFY}.expected": {f"{PKG}.source"},
-             f"{PKG}.steps": {f"{VERIFY}.verifier"}, f"{VERIFY}.schema": set()}
+    graph = {f"{PKG}.source": {f"{VERIFY}.report_schema"}, f"{VERIFY}.expected": {f"{PKG}.source"},
+             f"{PKG}.steps": {f"{VERIFY}.verifier"}, f"{VERIFY}.report_schema": set()}
     assert _importers_of_verify(graph) == {f"{PKG}.source", f"{PKG}.steps"}
     assert _verify_reaches_up(graph) == {f"{VERIFY}.expected"}

@@ -95,7 +95,7 @@ def _swap_sources(monkeypatch, a: str, b: str) -> None:
         ta.sources, tb.sources = tb.sources, ta.sources
         return plan
 
-    monkeypatch.setattr("fsdp_workflow.consolidate.api.plan_output", swapped)
+    monkeypatch.setattr("fsdp_workflow.consolidate.consolidation.plan_output", swapped)
 
 
 def test_swapped_rename_fails_naming_both(trained, tmp_path, monkeypatch):

@@ -22,10 +22,10 @@ from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import list_checkpoints, parse_step
 
 from .casting import CLI_DTYPES
-from .errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
+from .consolidation_errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .options import check_options, out_exists_problem
 from .source import Selection, locate_source, open_source
-from .verify.schema import VerificationReport
+from .verify.report_schema import VerificationReport
 from .steps import (
     WriteSettings,
     commit_output,

@@ -1,4 +1,4 @@
-"""The shape of ``verification.json`` (and :attr:`~fsdp_workflow.consolidate.api.ConsolidationResult.verification`).
+"""The shape of ``verification.json`` (and :attr:`~fsdp_workflow.consolidate.consolidation.ConsolidationResult.verification`).
 
 The report is plain JSON, read back by ``status`` and by people, so it stays a dict at
 runtime; these TypedDicts name every key the steps write, so a misspelt key or a wrong

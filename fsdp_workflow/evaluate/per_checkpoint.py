@@ -19,7 +19,7 @@ from fsdp_workflow.core.rundir import EMA_KEY, MODEL_KEY, QUARANTINE_SUFFIX, ste
 from fsdp_workflow.train.heldout import DataError
 
 from .perplexity import Measured, perplexity
-from .record import FAILED, OK, SKIPPED, EvalRecord
+from .eval_record import FAILED, OK, SKIPPED, EvalRecord
 from .run import EvalRun
 
 _TAIL = 500  # characters of an error kept in the record

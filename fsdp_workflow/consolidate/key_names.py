@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConsolidationError
+from .consolidation_errors import ConsolidationError
 from .reader import SourceTensor
 
 # Top-level DCP keys that are never the model's own weights (trainer, Accelerate, torchtitan, Lightning);
