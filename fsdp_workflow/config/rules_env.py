@@ -22,10 +22,10 @@ from fsdp_workflow.config.schema import (
     Launcher,
     OptimizerName,
     SchedulerName,
-    StrategyName,
     WorkflowConfig,
 )
 from fsdp_workflow.config.errors import Rule, ValidationReport
+from fsdp_workflow.config.strategies import is_deepspeed
 
 # #SBATCH values are not parsed by a shell: keep them to one safe token. The
 # planner asserts the same pattern when it renders (fsdp_workflow.plan.spec).
@@ -155,8 +155,7 @@ def check_ignored_combinations(cfg: WorkflowConfig, r: ValidationReport) -> None
                 "on CPU `accelerate launch` uses a launcher that cannot start the gloo process group "
                 "FSDP2 needs, and it forwards no preemption signal",
                 "cluster.launcher=torchrun")
-    if c.launcher == Launcher.accelerate and c.nodes > 1 and cfg.strategy.name in (
-            StrategyName.deepspeed_zero1, StrategyName.deepspeed_zero2, StrategyName.deepspeed_zero3):
+    if c.launcher == Launcher.accelerate and c.nodes > 1 and is_deepspeed(cfg.strategy.name):
         r.error("cluster.launcher", "accelerate",
                 "multi-node DeepSpeed under `accelerate launch` starts its own pdsh runner, which does not fit "
                 "the one-launcher-per-node Slurm step and forwards no signal",

@@ -74,8 +74,7 @@ def test_the_planning_half_imports_no_torch() -> None:
 
 # Modules that may still name a strategy: the registries themselves, and code about checkpoint formats
 # or other owners' modules (see docs/contributing.md, "Adding a strategy").
-MAY_NAME = ("config/schema.py", "config/strategies/", "train/strategies/", "consolidate/", "core/",
-            "config/rules_env.py")
+MAY_NAME = ("config/schema.py", "config/strategies/", "train/strategies/", "consolidate/", "core/")
 
 
 def test_no_module_outside_the_specs_compares_a_strategy_name() -> None:
