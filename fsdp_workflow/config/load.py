@@ -305,28 +305,13 @@ def experiment_selected(overrides: Sequence[str]) -> Optional[str]:
     return chosen
 
 
-_SCHEMA_REGISTERED = False
-
-
-def _register_schema_once() -> None:
-    """Store the schema in Hydra's ConfigStore once per process.
-
-    The store outlives ``GlobalHydra.clear()``, and building the structured nodes again
-    cost a quarter of every ``compose`` (tests and notebooks compose hundreds of times).
-    """
-    global _SCHEMA_REGISTERED
-    if not _SCHEMA_REGISTERED:
-        register_configs()
-        _SCHEMA_REGISTERED = True
-
-
 def _hydra_compose(overrides: Sequence[str]) -> DictConfig:
     """Hydra's compose API on ``conf/`` with already normalised overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    _register_schema_once()
+    register_configs()
     register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
