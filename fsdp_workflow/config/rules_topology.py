@@ -16,6 +16,7 @@ from fsdp_workflow.config.schema import (
     Device,
     Launcher,
     MixedPrecision,
+    RankStart,
     WorkflowConfig,
     data_parallel_size,
     world_size,
@@ -69,8 +70,15 @@ def check_devices(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 def check_cluster(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Multi-node runs need Slurm; Slurm needs a partition."""
+    """Multi-node runs need Slurm; Slurm needs a partition; a preloaded start needs torchrun's agent."""
     c = cfg.cluster
+    if c.rank_start == RankStart.preloaded and c.launcher != Launcher.torchrun:
+        r.error(
+            "cluster.rank_start", c.rank_start.value,
+            f"the ranks are forked by torchrun's agent (python -m fsdp_workflow.train.node); "
+            f"cluster.launcher={c.launcher.value} starts them itself",
+            "cluster.rank_start=auto (or exec), or cluster.launcher=torchrun",
+        )
     if c.nodes > 1 and c.kind != ClusterKind.slurm:
         r.error(
             "cluster.nodes", c.nodes,

@@ -167,6 +167,14 @@ class Launcher(str, Enum):
     accelerate = "accelerate"
 
 
+class RankStart(str, Enum):
+    """How torchrun starts a node's ranks (docs/training.md, "How the ranks start")."""
+
+    auto = "auto"  # preloaded on cpu; exec on cuda until a GPU run has confirmed preloaded there
+    exec = "exec"  # torchrun -m: each rank a fresh interpreter, importing torch, transformers and the trainer
+    preloaded = "preloaded"  # python -m fsdp_workflow.train.node: ranks forked from one process that imported them once
+
+
 class ContainerRuntime(str, Enum):
     """Where each step runs; each value is one class in ``fsdp_workflow/container/`` (docs/containers.md)."""
 
@@ -338,6 +346,7 @@ class ClusterConfig:
     processes_per_node: int = bounded(1, ge=1)  # ranks per node: GPUs per node on GPU clusters
     gpu_mem_gb: float = bounded(80.0, gt=0)  # memory of one accelerator, for the memory estimate
     launcher: Launcher = Launcher.torchrun
+    rank_start: RankStart = RankStart.auto  # torchrun only: fresh interpreters (exec) or forked after one import
     # Slurm: training job
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -456,6 +465,18 @@ class WorkflowConfig:
     dry_run: bool = False  # plan and write scripts, submit nothing
     name: str = "run"  # job name prefix on Slurm; also the tracker experiment / project name
     log_level: LogLevel = LogLevel.INFO  # DEBUG | INFO | WARNING | ERROR, every stage; DEBUG: full tracebacks of user errors
+
+
+def rank_start(cfg: WorkflowConfig) -> RankStart:
+    """``cluster.rank_start`` resolved: ``auto`` is ``preloaded`` for torchrun on CPU, else ``exec``.
+
+    Not yet on CUDA by itself: the forkserver imports nothing that initialises CUDA, but
+    no GPU run has confirmed the start there yet (docs/training.md, "How the ranks start").
+    """
+    c = cfg.cluster
+    if c.rank_start != RankStart.auto:
+        return c.rank_start
+    return RankStart.preloaded if c.launcher == Launcher.torchrun and c.device == Device.cpu else RankStart.exec
 
 
 def world_size(cfg: WorkflowConfig) -> int:

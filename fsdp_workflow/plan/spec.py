@@ -25,7 +25,9 @@ from fsdp_workflow.config.schema import (
     DataSource,
     Device,
     Launcher,
+    RankStart,
     WorkflowConfig,
+    rank_start,
     run_layout,
     world_size,
 )
@@ -130,8 +132,11 @@ def launcher_argv(cfg: WorkflowConfig, run_dir: Path) -> List[str]:
             f"--rdzv_conf=timeout={c.rdzv_timeout_s}",
             "-m", "fsdp_workflow.train", str(run_dir),
         ]
+    # cluster.rank_start: torchrun's exec'd ranks, or the same agent forking them after one import.
+    node = (["python", "-m", "fsdp_workflow.train.node"] if rank_start(cfg) == RankStart.preloaded
+            else console_script(cfg, ["torchrun"], "torch.distributed.run"))
     return [
-        *console_script(cfg, ["torchrun"], "torch.distributed.run"),
+        *node,
         *rendezvous,
         f"--nproc_per_node={c.processes_per_node}",
         "--max_restarts=0",

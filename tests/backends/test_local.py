@@ -37,6 +37,10 @@ json.dump({{"signals": config.signals_to_handle.split(","), "shutdown_timeout_s"
 """
 
 
+# The tests that stand a fake torchrun on PATH plan the exec'd start, which runs it.
+EXEC = "cluster.rank_start=exec"
+
+
 def _bin(tmp_path: Path, name: str, text: str) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -46,10 +50,12 @@ def _bin(tmp_path: Path, name: str, text: str) -> Path:
     return bindir
 
 
-@pytest.mark.parametrize("experiment,delay_s", [("smoke", 30), ("llama8b_fft", 300)])
-def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, delay_s: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("experiment,delay_s,start", [("smoke", 30, "exec"), ("llama8b_fft", 300, "auto")])
+def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, delay_s: int, start: str,
+                                                            tmp_path: Path) -> None:
     """The exact script, read by torchrun's own parser: both signals forwarded, the checkpoint budget waited."""
-    cfg = compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir={tmp_path / 'run'}"])
+    cfg = compose([f"+experiment={experiment}", "cluster.partition=gpu", f"run_dir={tmp_path / 'run'}",
+                   f"cluster.rank_start={start}"])
     plan = write_run_dir(cfg, backend_for(cfg))
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))}
@@ -64,6 +70,48 @@ def test_train_node_sh_makes_torchrun_forward_usr2_and_term(experiment: str, del
     assert got["shutdown_timeout_s"] == delay_s == cfg.cluster.signal_delay_s
     # until torchrun installs its handler, an early SIGUSR2 must not kill the launcher
     assert got["usr2_ignored"]
+
+
+# Stands in for the interpreter the preloaded node script execs: runs the script's own command
+# up to torchrun's LaunchConfig (fsdp_workflow.train.node.launch_config) and reports it.
+FAKE_PYTHON = f"""#!{sys.executable}
+import json, os, signal, sys
+assert sys.argv[1:3] == ["-m", "fsdp_workflow.train.node"], sys.argv
+from fsdp_workflow.train.node import launch_config
+config, run_dir = launch_config(sys.argv[3:])
+json.dump({{"signals": config.signals_to_handle.split(","), "shutdown_timeout_s": config.shutdown_timeout,
+           "start_method": config.start_method, "nproc": config.nproc_per_node, "run_dir": run_dir,
+           "usr2_ignored": signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN}}, open(os.environ["REPORT"], "w"))
+"""
+
+
+def test_a_cpu_node_script_forks_its_ranks_under_torchruns_agent_with_the_same_signals(tmp_path: Path) -> None:
+    """cluster.rank_start=auto on CPU: the node script runs fsdp_workflow.train.node with torchrun's
+    arguments; its LaunchConfig (torchrun's parser) forwards both signals, waits the checkpoint budget,
+    and starts the ranks from the forkserver."""
+    cfg = compose(["+experiment=smoke", "cluster.partition=gpu", f"run_dir={tmp_path / 'run'}"])
+    plan = write_run_dir(cfg, backend_for(cfg))
+    script = (plan.run_dir / "train_node.sh").read_text()
+    exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
+    assert shlex.split(exec_line)[1:4] == [sys.executable, "-m", "fsdp_workflow.train.node"], exec_line
+    fake = _bin(tmp_path, "python", FAKE_PYTHON) / "python"
+    (plan.run_dir / "train_node.sh").write_text(script.replace(f"exec {sys.executable} ", f"exec {fake} ", 1))
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))}
+    env.update(REPORT=str(report), MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", SLURM_NODEID="0")
+    res = subprocess.run(["bash", str(plan.run_dir / "train_node.sh")], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(report.read_text())
+    assert {"SIGUSR2", "SIGTERM"} <= set(got["signals"]), got
+    assert got["shutdown_timeout_s"] == 30 == cfg.cluster.signal_delay_s
+    assert got["usr2_ignored"] and got["start_method"] == "forkserver" and got["nproc"] == 2, got
+    assert got["run_dir"] == str(plan.run_dir)
+
+
+def test_the_node_launcher_refuses_another_program(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.train.node", "--nproc_per_node=2", "train.py",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "-m fsdp_workflow.train RUN_DIR" in proc.stderr, proc.stderr
 
 
 def test_the_log_shows_a_step_as_pasted_and_in_an_image_the_runtimes_command(tmp_path: Path) -> None:
@@ -84,7 +132,7 @@ def test_the_log_shows_a_step_as_pasted_and_in_an_image_the_runtimes_command(tmp
 
 def test_a_stale_requeue_marker_does_not_turn_a_failure_into_75(tmp_path: Path, monkeypatch, caplog) -> None:
     """A marker left by an earlier preempted run in the same directory is forgotten before training."""
-    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", EXEC])
     plan = write_run_dir(cfg, backend_for(cfg))
     (plan.run_dir / REQUEUE_MARKER).write_text("step 10\n")
     failing = _bin(tmp_path, "torchrun", "#!/bin/sh\necho 'torchrun: worker failed' >&2\nexit 1\n")
@@ -136,7 +184,7 @@ def test_the_same_command_after_the_run_ended_runs_nothing(trained_to: str, tmp_
     """A finished run with its model is not trained or merged again; an earlier, shorter run's model is replaced."""
     import dataclasses
 
-    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", EXEC])
     plan = write_run_dir(cfg, backend_for(cfg))
     last = plan.max_steps if trained_to == "max_steps" else plan.max_steps // 2
     save_step(plan.layout.step_dir(last))  # a real DCP save: "complete" checks it as resume does
@@ -176,7 +224,7 @@ def _holder(lock_path: Path) -> subprocess.Popen:
 
 
 def test_run_local_refuses_a_run_dir_locked_by_another_process(tmp_path: Path, monkeypatch, caplog) -> None:
-    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}"])
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", EXEC])
     plan = write_run_dir(cfg, backend_for(cfg))
     ran = tmp_path / "ran"
     fake = _bin(tmp_path, "torchrun", "#!/bin/sh\ntouch " + shlex.quote(str(ran)) + "\n")

@@ -57,6 +57,8 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     # topology
     ([CUDA, "cluster.gpus_per_node=1"], "cluster.processes_per_node"),
     (["cluster.processes_per_node=1", "cluster.launcher=accelerate"], "cluster.launcher"),
+    ([CUDA, "cluster.processes_per_node=2", "cluster.launcher=accelerate", "cluster.rank_start=preloaded"],
+     "cluster.rank_start"),
     (["cluster.nodes=2"], "cluster.nodes"),
     (["cluster=slurm"], "cluster.partition"),
     (["cluster=slurm", "cluster.partition=debug", "cluster.time_min=5", "cluster.signal_delay_s=300"],

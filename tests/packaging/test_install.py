@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -26,7 +27,6 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -119,31 +119,11 @@ def _git_repo_with_a_commit(path: Path) -> bool:
 class Installed:
     venv: Path
     package_dir: Path  # fsdp_workflow/ inside the venv's site-packages
-    torchrun_log: Path  # one line per torchrun start: the fsdp_workflow its interpreter imports
     inside_git_repo: bool
 
     @property
     def cli(self) -> Path:
         return self.venv / "bin" / "fsdp-workflow"
-
-
-def _add_torchrun(venv: Path, log: Path) -> None:
-    """Write the ``torchrun`` that ``pip install torch`` would put in this venv.
-
-    torch comes from the system here, so the venv has no console script of its own.
-    This one also logs which fsdp_workflow its interpreter imports: torchrun starts
-    the ranks with its own interpreter, so that is the package the ranks run.
-    """
-    (ep,) = [e for e in metadata.distribution("torch").entry_points if e.name == "torchrun"]
-    module, func = ep.value.split(":")
-    script = venv / "bin" / "torchrun"
-    script.write_text(
-        f"#!{venv / 'bin' / 'python'}\n"
-        "import sys\nimport fsdp_workflow\n"
-        f"with open({str(log)!r}, 'a') as f:\n    f.write(fsdp_workflow.__file__ + '\\n')\n"
-        f"from {module} import {func}\nsys.exit({func}())\n"
-    )
-    script.chmod(0o755)
 
 
 def _venv(root: Path) -> Path:
@@ -189,9 +169,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Installe
     venv = _venv(root)
     res = _run([venv / "bin" / "python", "-m", "pip", "install", *PIP_OFFLINE, wheel], cwd=root, timeout_s=300)
     assert res.returncode == 0, _explain(res)
-    log = root / "torchrun_imports.txt"
-    _add_torchrun(venv, log)
-    return Installed(venv=venv, package_dir=_package_dir(venv, root), torchrun_log=log, inside_git_repo=in_repo)
+    return Installed(venv=venv, package_dir=_package_dir(venv, root), inside_git_repo=in_repo)
 
 
 @dataclass
@@ -268,7 +246,6 @@ def test_a_user_experiment_outside_the_package_through_hydra_searchpath(installe
 def test_smoke_training_runs_from_the_installed_package(installed: Installed, elsewhere: Path,
                                                         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    installed.torchrun_log.unlink(missing_ok=True)
     res = _run([installed.cli, "+experiment=smoke", f"run_dir={run_dir}", "train.max_steps=4", "checkpoint.every_steps=2"],
                cwd=elsewhere, timeout_s=600)
     assert res.returncode == 0, _explain(res)
@@ -276,10 +253,14 @@ def test_smoke_training_runs_from_the_installed_package(installed: Installed, el
     assert (hf_model / "config.json").is_file(), _explain(res)
     assert list(hf_model.glob("*.safetensors")), sorted(p.name for p in hf_model.iterdir())
     # The ranks ran the installed package, though the venv was never activated: its code
-    # snapshot (cluster.code_snapshot), copied from the installed package at planning.
-    assert installed.torchrun_log.is_file(), "the venv's torchrun never ran: " + _explain(res)
-    imported = installed.torchrun_log.read_text().split()
-    assert imported and all(Path(p).is_relative_to(run_dir / "code" / "fsdp_workflow") for p in imported), imported
+    # snapshot (cluster.code_snapshot), copied from the installed package at planning. Each
+    # rank logs the package it imported ("code: ..."), forked from the node launcher's
+    # forkserver (cluster.rank_start=auto on CPU) under the venv's interpreter.
+    node = (run_dir / "train_node.sh").read_text()
+    assert f"exec {shlex.quote(str(installed.venv / 'bin' / 'python'))} -m fsdp_workflow.train.node " in node, node
+    log = (run_dir / "logs" / "train-local.log").read_text()
+    imported = re.findall(r"fsdp_workflow\.train: code: (\S+)", log)
+    assert imported and all(Path(p).is_relative_to(run_dir / "code" / "fsdp_workflow") for p in imported), log[-3000:]
     snapshot = json.loads((run_dir / PROVENANCE_FILE).read_text())["code_snapshot"]
     assert Path(snapshot["source"]) == Path(installed.package_dir).resolve(), snapshot
 
@@ -358,8 +339,9 @@ def test_the_editable_install_composes_and_snapshots_the_tree(editable: Editable
     assert _yaml_files(snap) == _yaml_files(ROOT / "conf")
     assert list(elsewhere.iterdir()) == [], "the command left files in the working directory"
     # This venv (--system-site-packages) has no torchrun of its own: the system's is not on a
-    # job's PATH, so the node script runs torch's launcher module under the venv's interpreter.
+    # job's PATH, so the node script runs the launcher module under the venv's interpreter
+    # (the preloaded start, a CPU run's default, always does).
     assert not (editable.venv / "bin" / "torchrun").exists()
     node_script = (run_dir / "train_node.sh").read_text()
-    assert f"exec {shlex.quote(str(editable.venv / 'bin' / 'python'))} -m torch.distributed.run " in node_script, \
+    assert f"exec {shlex.quote(str(editable.venv / 'bin' / 'python'))} -m fsdp_workflow.train.node " in node_script, \
         node_script

@@ -84,8 +84,11 @@ def test_a_venv_without_torchrun_runs_the_launcher_module_under_its_interpreter(
     node = render_all(build_plan(accelerate))["train_node.sh"]
     assert "exec accelerate launch --num_machines=2 " in node, node
     monkeypatch.setattr(spec, "beside_interpreter", lambda name: False)
-    node = render_all(build_plan(_cfg("smoke", "/runs/smoke")))["train_node.sh"]
+    node = render_all(build_plan(_cfg("smoke", "/runs/smoke", "cluster.rank_start=exec")))["train_node.sh"]
     assert "exec /opt/venv/bin/python -m torch.distributed.run --nnodes=1 " in node, node
+    # The preloaded start (a CPU run's default) never needs the console script: the interpreter runs it.
+    node = render_all(build_plan(_cfg("smoke", "/runs/smoke")))["train_node.sh"]
+    assert "exec /opt/venv/bin/python -m fsdp_workflow.train.node --nnodes=1 " in node, node
     node = render_all(build_plan(accelerate))["train_node.sh"]
     assert "exec /opt/venv/bin/python -m accelerate.commands.launch --num_machines=2 " in node, node
     # In an image the image's own console script runs, whatever the host's venv holds.
@@ -182,7 +185,7 @@ def test_hostile_run_dir_reaches_the_launcher_as_one_argument(weird_dir: Path, t
     from fsdp_workflow.backends.registry import backend_for
     from fsdp_workflow.plan.run_dir import write_run_dir
 
-    cfg = compose(["+experiment=smoke"])
+    cfg = compose(["+experiment=smoke", "cluster.rank_start=exec"])  # torchrun, found on PATH: the fake
     cfg.run_dir = str(weird_dir)  # set directly: Hydra's override grammar has no newline escape
     plan = write_run_dir(cfg, backend_for(cfg))
     for script in ("train_node.sh", "train.sbatch", "submit.sh", "consolidate.sbatch"):

@@ -3,8 +3,9 @@
 ``make_run_dir`` composes ``conf/`` with overrides, writes the resolved
 ``config.yaml`` and ``launch.env`` and prepares the data (the token cache and
 the run's data pointer, as the chain's prepare job does); ``launch`` runs
-``torchrun --nproc_per_node N -m fsdp_workflow.train RUN_DIR`` with launch.env's
-variables in the environment, and no other torchrun flag.
+``python -m fsdp_workflow.train.node --nproc_per_node N -m fsdp_workflow.train RUN_DIR``
+(torchrun's arguments and agent, the ranks forked after one import: what the planner
+renders for a CPU run) with launch.env's variables in the environment, and no other flag.
 
 Signal tests never use that command: they run what users and Slurm run, the
 generated ``train_node.sh`` (``start_node_script``, after ``write_scripts``) or
@@ -70,8 +71,10 @@ def free_port() -> int:
 
 
 def launch_cmd(run_dir: Path, nproc: int = 2) -> list[str]:
+    # What the planner renders for a CPU run (cluster.rank_start=auto): torchrun's arguments, to
+    # the node launcher that forks the ranks after one import (fsdp_workflow/train/node.py).
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "fsdp_workflow.train.node",
         "--nproc_per_node", str(nproc), "--nnodes", "1",
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
         "-m", "fsdp_workflow.train", str(run_dir),
@@ -194,8 +197,20 @@ def child_pids(pid: int) -> list[int]:
 
 
 def rank_pids(torchrun_pid: int) -> list[int]:
-    """The worker processes torchrun started (its children)."""
-    return child_pids(torchrun_pid)
+    """The worker processes a node launcher started: torchrun's children, or, under
+    ``python -m fsdp_workflow.train.node`` (a CPU run's default), the children of the
+    forkserver they were forked from (not the forkserver, nor multiprocessing's resource tracker)."""
+    out: list[int] = []
+    for pid in child_pids(torchrun_pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "multiprocessing.forkserver" in cmd:
+            out.extend(child_pids(pid))
+        elif "multiprocessing.resource_tracker" not in cmd:
+            out.append(pid)
+    return out
 
 
 def descendants(pid: int) -> list[int]:

@@ -45,9 +45,9 @@ LONG_RUN = [
 STOP_WAIT_S = 60  # checkpointing takes a few seconds; without forwarding the run never stops
 
 
-def _signal_cli_and_wait(run: Path, sig: signal.Signals) -> tuple[int, list[int]]:
+def _signal_cli_and_wait(run: Path, sig: signal.Signals, extra: tuple[str, ...] = ()) -> tuple[int, list[int]]:
     """Start the CLI, signal only its pid once a step is logged; return its exit code and the rank pids."""
-    proc = start_cli(run, LONG_RUN)
+    proc = start_cli(run, [*LONG_RUN, *extra])
     try:
         wait_for_step(run, 1, proc)
         (launcher,) = child_pids(proc.pid)  # bash train_node.sh, exec'd into torchrun
@@ -83,15 +83,22 @@ def _assert_stopped_with_checkpoint(run: Path, rc: int, ranks: list[int], sig: s
     return step
 
 
+# The exec'd start (torchrun -m: what a CUDA run gets by default) for this test; the others
+# run the preloaded one (cluster.rank_start=auto on CPU). Each path is signalled through the CLI.
+EXEC_START = ("cluster.rank_start=exec",)
+
+
 def test_sigterm_to_the_cli_checkpoints_exits_75_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    rc, ranks = _signal_cli_and_wait(run, signal.SIGTERM)
+    rc, ranks = _signal_cli_and_wait(run, signal.SIGTERM, EXEC_START)
+    assert " -m torch.distributed.run " in (run / "train_node.sh").read_text() or \
+        "exec torchrun " in (run / "train_node.sh").read_text()
     step = _assert_stopped_with_checkpoint(run, rc, ranks, signal.SIGTERM)
 
     # Resume with an end in sight: a changed config (max_steps) must name the checkpoint
     # explicitly (a run_dir is never reused by accident); finish, and leave no stale marker.
     ckpt = run / "checkpoints" / f"step-{step}"
-    proc = start_cli(run, [*LONG_RUN, f"checkpoint.resume={ckpt}", f"train.max_steps={step + 2}"])
+    proc = start_cli(run, [*LONG_RUN, *EXEC_START, f"checkpoint.resume={ckpt}", f"train.max_steps={step + 2}"])
     try:
         proc.wait(timeout=120)
     finally:

@@ -15,4 +15,4 @@ export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=30
 # Until torchrun installs its handler, an early SIGUSR2 must not kill the launcher.
 trap '' USR2
-exec torchrun --nnodes=1 "--node_rank=${SLURM_NODEID:-0}" "--master_addr=${MASTER_ADDR}" "--master_port=${MASTER_PORT}" --rdzv_conf=timeout=600 --nproc_per_node=2 --max_restarts=0 -m fsdp_workflow.train /runs/smoke
+exec /opt/venv/bin/python -m fsdp_workflow.train.node --nnodes=1 "--node_rank=${SLURM_NODEID:-0}" "--master_addr=${MASTER_ADDR}" "--master_port=${MASTER_PORT}" --rdzv_conf=timeout=600 --nproc_per_node=2 --max_restarts=0 -m fsdp_workflow.train /runs/smoke

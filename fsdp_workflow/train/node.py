@@ -1,0 +1,148 @@
+"""One node's ranks, started from a process that imported the trainer once (``cluster.rank_start``).
+
+Rendered into ``train_node.sh`` in place of ``torchrun`` when ``cluster.rank_start``
+resolves to ``preloaded``, with torchrun's own arguments::
+
+    python -m fsdp_workflow.train.node --nnodes=1 --node_rank=0 --master_addr=... \\
+        --master_port=... --rdzv_conf=timeout=600 --nproc_per_node=2 --max_restarts=0 \\
+        -m fsdp_workflow.train RUN_DIR
+
+Why: under ``torchrun -m`` every rank is a fresh interpreter that imports torch,
+``torch.distributed.checkpoint`` (DTensor, sympy), Accelerate and transformers
+(its lazy import structure, the dynamo that ``masking_utils`` pulls in) before its
+first step: about 6.5 CPU-seconds each on the CI machine, three quarters of what a
+short run's rank costs, and N ranks of a node do it at once (from a shared file
+system, on a cluster). Here the arguments are parsed by torchrun's own parser and
+the ranks run under torchrun's own elastic agent (rendezvous, signals forwarded by
+``PET_SIGNALS_TO_HANDLE``, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, failure summary and
+exit code); only the start differs. The agent starts the ranks with the
+``forkserver`` method: one clean server process (exec'd, single-threaded, no
+inherited sockets) imports :data:`PRELOAD` once, and each rank is forked from it,
+with the signal handlers a fresh interpreter has. Nothing touches CUDA before the
+fork, but the start is only chosen on its own (``auto``) for CPU runs until a GPU
+run has confirmed it (docs/training.md, "How the ranks start").
+
+A rank ends as it would under ``torchrun -m``: its exit code is the trainer's, its
+output unbuffered (``python -u``), its ``atexit`` functions run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from typing import Any, List, Optional, Tuple
+
+TRAINER = "fsdp_workflow.train"
+# The forkserver imports it once before forking any rank (what and why: its docstring).
+PRELOAD = ["fsdp_workflow.train.node_preload"]
+
+
+def rank_main(run_dir: str) -> None:
+    """One rank: ``python -u -m fsdp_workflow.train RUN_DIR``, in a process forked from the preloaded server."""
+    # torchrun starts each rank in a session of its own: a terminal's Ctrl-C (or a signal to the
+    # launcher's process group) reaches the ranks only as torchrun re-sends it, once.
+    os.setsid()
+    from fsdp_workflow.train.node_preload import GROUP_SIGNALS
+    from fsdp_workflow.train.signals import install_early
+
+    for sig in GROUP_SIGNALS:  # as an exec'd rank has them: torchrun's agent handles each, exec resets it
+        signal.signal(sig, signal.SIG_DFL)
+    install_early()  # then, as `python -m fsdp_workflow.train` does first: a signal from here on is kept
+    _no_parent_death_signal()
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)  # as `python -u` under torchrun
+    try:
+        from fsdp_workflow.train.__main__ import main
+
+        code = main([run_dir])
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        # multiprocessing would end the rank with 0 for it; an exec'd rank dies of the signal.
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
+    except BaseException:
+        traceback.print_exc()  # where an exec'd rank's interpreter prints it: the rank's stderr
+        raise
+    finally:
+        # A forked process leaves with os._exit: run what interpreter shutdown would
+        # (logging's flush, trackers' closers), as under torchrun's exec'd ranks.
+        atexit._run_exitfuncs()
+    if code:
+        raise SystemExit(code)  # torchrun's agent reports it, as for an exec'd rank
+
+
+def _no_parent_death_signal() -> None:
+    """torch's multiprocessing asks for SIGINT when the parent dies; the parent here is the forkserver,
+    not the agent, and torchrun's exec'd ranks have no such signal: clear it (Linux; elsewhere a no-op)."""
+    from torch.multiprocessing import _prctl_pr_set_pdeathsig
+
+    _prctl_pr_set_pdeathsig(0)
+
+
+def _refusal(args) -> Optional[str]:
+    if not args.module or args.training_script != TRAINER or len(args.training_script_args) != 1:
+        return f"expected torchrun's arguments ending in `-m {TRAINER} RUN_DIR`"
+    if args.no_python or args.run_path:
+        return "--no-python and --run-path start other programs; use torchrun itself for them"
+    return None
+
+
+def launch_config(argv: Optional[List[str]] = None) -> Tuple[Any, str]:
+    """torchrun's ``LaunchConfig`` for ``argv`` (its own parser, ``PET_*`` defaults and all) with the
+    forkserver start, and the run directory. Exits 2 for arguments that are not a trainer launch."""
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    problem = _refusal(args)
+    if problem is not None:
+        print(f"python -m fsdp_workflow.train.node: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.master_port is None:  # torchrun's default
+        args.master_port = 29500
+    config, _, _ = config_from_args(args)
+    config.start_method = "forkserver"
+    return config, args.training_script_args[0]
+
+
+def run(argv: Optional[List[str]] = None) -> None:
+    from torch.distributed.launcher.api import elastic_launch
+
+    config, run_dir = launch_config(argv)
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    try:
+        elastic_launch(config=config, entrypoint=rank_main)(run_dir)
+    finally:
+        _stop_helpers()
+
+
+def _stop_helpers() -> None:
+    """End the forkserver and multiprocessing's resource tracker before this process: torchrun's agent
+    leaves nothing behind when it exits, and a scheduler or a test waiting on it may check just that."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+        stop = getattr(helper, "_stop", None)  # CPython's own shutdown of each (closes its pipe, reaps it)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ChildProcessError):
+                pass
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # As torchrun's main: a failed rank is summarised (its exit code, host, time) and the
+    # agent exits 1; the trainer's own code is in RUN_DIR/train_exit.json.
+    record(run)(argv)
+
+
+if __name__ == "__main__":
+    main()
