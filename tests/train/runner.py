@@ -196,15 +196,22 @@ def child_pids(pid: int) -> list[int]:
     return sorted(_children().get(pid, []))
 
 
+def cmdline(pid: int) -> Optional[str]:
+    """``pid``'s command line, words joined by spaces; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 def rank_pids(torchrun_pid: int) -> list[int]:
     """The worker processes a node launcher started: torchrun's children, or, under
     ``python -m fsdp_workflow.train.node`` (a CPU run's default), the children of the
     forkserver they were forked from (not the forkserver, nor multiprocessing's resource tracker)."""
     out: list[int] = []
     for pid in child_pids(torchrun_pid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
+        cmd = cmdline(pid)
+        if cmd is None:
             continue
         if "multiprocessing.forkserver" in cmd:
             out.extend(child_pids(pid))

@@ -22,7 +22,7 @@ from fsdp_workflow.core.exit_codes import EXIT_DISK_FULL, EXIT_PEER_TIMEOUT
 from fsdp_workflow.core.rundir import DCP_METADATA
 from fsdp_workflow.train.fault_hooks import FAULT_ENV
 from tests.train.runner import (
-    _process_env, alive, cli_argv, descendants, kill_tree, launch, log_text, make_run_dir, start, start_cli,
+    _process_env, alive, cli_argv, cmdline, descendants, kill_tree, launch, log_text, make_run_dir, start, start_cli,
 )
 
 pytestmark = pytest.mark.slow
@@ -73,18 +73,11 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "?"
-
-
 def _assert_stopped_in_save_is_reported(run: Path, took: float, pids: list[int]) -> None:
     """The last save (step 4 of 4) hung on rank 1: named, timed out, cleaned up, no complete-looking step-4."""
     log = log_text(run) + _read(run / "logs" / "train-local.log")
     assert took < TIMEOUT_S + MARGIN_S, (took, log)
-    outlived = {p: _cmdline(p) for p in pids if alive(p)}
+    outlived = {p: (cmdline(p) or '?')[:200] for p in pids if alive(p)}
     assert not outlived, f"a process outlived the failed run: {outlived}"
     rec = _exit_record(run)
     assert rec["exit_code"] == EXIT_PEER_TIMEOUT and "rank 1 on " in rec["reason"], rec
