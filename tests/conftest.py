@@ -40,6 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     # Groups with slow tests first (order inside a group kept): the workers share the long
     # runs from the start instead of one finishing the suite alone on the last of them.
+    # (xdist keeps this order only under --no-loadscope-reorder, in pyproject.toml's addopts.)
     slow_groups = {groups[i.nodeid] for i in items if i.get_closest_marker("slow") is not None}
     items.sort(key=lambda i: groups[i.nodeid] not in slow_groups)
     return (yield)

@@ -16,11 +16,17 @@ system, on a cluster). Here the arguments are parsed by torchrun's own parser an
 the ranks run under torchrun's own elastic agent (rendezvous, signals forwarded by
 ``PET_SIGNALS_TO_HANDLE``, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, failure summary and
 exit code); only the start differs. The agent starts the ranks with the
-``forkserver`` method: one clean server process (exec'd, single-threaded, no
-inherited sockets) imports :data:`PRELOAD` once, and each rank is forked from it,
-with the signal handlers a fresh interpreter has. Nothing touches CUDA before the
-fork, but the start is only chosen on its own (``auto``) for CPU runs until a GPU
-run has confirmed it (docs/training.md, "How the ranks start").
+``forkserver`` method, and the server is this launcher's own fork: the launcher
+imports :data:`PRELOAD` (it imports torch for the agent anyway), then, before the
+agent starts a thread or opens a socket, forks the server, which keeps only its
+listening socket and pipe and forks each rank on request, with the signal handlers
+a fresh interpreter has. One import of the trainer's modules per node, not one for
+the agent and another for a spawned server (about 2.5 CPU-seconds a launch on the
+CI machine). On a Python whose forkserver internals this module does not know
+(:func:`_fork_server`), the server is multiprocessing's own, spawned with the same
+preload. Nothing touches CUDA before the fork, but the start is only chosen on its
+own (``auto``) for CPU runs until a GPU run has confirmed it (docs/training.md,
+"How the ranks start").
 
 A rank ends as it would under ``torchrun -m``: its exit code is the trainer's, its
 output unbuffered (``python -u``), its ``atexit`` functions run.
@@ -29,16 +35,27 @@ output unbuffered (``python -u``), its ``atexit`` functions run.
 from __future__ import annotations
 
 import atexit
+import importlib
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import traceback
+import warnings
 from typing import Any, List, Optional, Tuple
 
 TRAINER = "fsdp_workflow.train"
-# The forkserver imports it once before forking any rank (what and why: its docstring).
+# Imported once before the forkserver forks any rank (what and why: its docstring).
 PRELOAD = ["fsdp_workflow.train.node_preload"]
+# Sent to the whole group by Slurm, the local launcher and kill -- -PGID: the agent re-sends them to the
+# ranks. The forkserver ignores them: it must outlive the ranks, because the agent learns each rank's exit
+# code through it (a dead server turns every code into 255). Each rank sets them back (rank_main).
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+# multiprocessing.forkserver.ForkServer's fields on the Pythons whose server this module forks itself
+# (3.10 to 3.12 and 3.13's layout); any other layout (3.14's authenticated server) gets the spawned one.
+_FORKSERVER_FIELDS = frozenset({"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid",
+                                "_inherited_fds", "_lock", "_preload_modules"})
 
 
 def rank_main(run_dir: str) -> None:
@@ -46,7 +63,6 @@ def rank_main(run_dir: str) -> None:
     # torchrun starts each rank in a session of its own: a terminal's Ctrl-C (or a signal to the
     # launcher's process group) reaches the ranks only as torchrun re-sends it, once.
     os.setsid()
-    from fsdp_workflow.train.node_preload import GROUP_SIGNALS
     from fsdp_workflow.train.signals import install_early
 
     for sig in GROUP_SIGNALS:  # as an exec'd rank has them: torchrun's agent handles each, exec resets it
@@ -115,11 +131,99 @@ def run(argv: Optional[List[str]] = None) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
     config, run_dir = launch_config(argv)
-    multiprocessing.set_forkserver_preload(PRELOAD)
     try:
+        start_server()  # before the agent's first thread and socket (its rendezvous)
         elastic_launch(config=config, entrypoint=rank_main)(run_dir)
     finally:
         _stop_helpers()
+
+
+def start_server() -> None:
+    """Start the forkserver the agent's ``start_processes`` will use: forked from here after importing
+    :data:`PRELOAD`, or spawned by multiprocessing with it. Either ignores :data:`GROUP_SIGNALS`."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if set(vars(server)) <= _FORKSERVER_FIELDS and server._forkserver_pid is None:
+        for name in PRELOAD:
+            importlib.import_module(name)
+        _fork_server(server)
+        return
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in GROUP_SIGNALS}  # SIG_IGN survives the exec
+    try:
+        server.ensure_running()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _fork_server(server: Any) -> None:
+    """What ``ForkServer.ensure_running`` does, with ``os.fork()`` in place of its exec of a new
+    interpreter: the server is this process as it is now, modules imported, before the agent starts
+    its threads and opens its sockets. The child keeps stdin/out/err, the listening socket and the read end of the
+    "alive" pipe (as the exec'd server does), and serves until the agent closes the write end."""
+    from multiprocessing import connection, resource_tracker, util
+
+    with server._lock:
+        resource_tracker.ensure_running()
+        address = connection.arbitrary_address("AF_UNIX")
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            try:
+                with warnings.catch_warnings():
+                    # Python 3.12+ warns of any fork in a process with threads: here the idle native
+                    # threads that importing torch and transformers starts. The child runs only the
+                    # server's pure-Python loop, as multiprocessing's server does with them imported.
+                    warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks",
+                                            category=DeprecationWarning)
+                    pid = os.fork()
+            except BaseException:
+                os.close(alive_r)
+                os.close(alive_w)
+                raise
+            if pid == 0:
+                _serve(listener.fileno(), alive_r)  # never returns
+            os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+
+
+def _serve(listener_fd: int, alive_r: int) -> None:
+    """The forked server's whole life: multiprocessing's own server loop, then ``os._exit`` (the
+    launcher's ``atexit`` functions and ``finally`` blocks are not the server's to run)."""
+    code = 1
+    try:
+        for low, high in _gaps(sorted({0, 1, 2, listener_fd, alive_r})):
+            os.closerange(low, high)
+        for sig in GROUP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        from multiprocessing import forkserver
+
+        forkserver.main(listener_fd, alive_r, [])
+        code = 0
+    except SystemExit as err:  # the loop's end: every client closed the "alive" pipe
+        code = err.code if isinstance(err.code, int) else 0
+    except BaseException:  # noqa: BLE001 - said on stderr, then the server ends like any
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _gaps(keep: List[int]) -> List[Tuple[int, int]]:
+    """The ``[low, high)`` ranges of descriptors between and after ``keep`` (sorted): what to close."""
+    out, low = [], 0
+    for fd in keep:
+        if fd > low:
+            out.append((low, fd))
+        low = fd + 1
+    out.append((low, os.sysconf("SC_OPEN_MAX")))
+    return out
 
 
 def _stop_helpers() -> None:

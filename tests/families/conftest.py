@@ -2,8 +2,9 @@
 
 The replicas serve the planning and training tests; a replica's run (the real command,
 2 steps on 2 gloo ranks: :mod:`.test_matrix`) serves the matrix and the modules that check
-one family further (:mod:`.test_moe_experts`). The modules using the runs share one xdist
-group (``families``), so each run happens once per suite.
+one family further (:mod:`.test_moe_experts`). Each run's tests share one xdist group
+(:func:`group`), so each run happens once per suite; the runs are dealt over two groups
+so that two workers share them instead of one running all twelve.
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ import pytest
 
 from fsdp_workflow.core.rundir import list_checkpoints
 
-from .replicas import BY_KEY, Replica, build
+from .replicas import BY_KEY, FAMILIES, Replica, build
 
 # As short as a run that proves the chain can be: 2 steps, a checkpoint only at the end.
 RUN = ["train.max_steps=2", "train.seq_len=128", "optimizer.warmup_steps=0", "checkpoint.every_steps=0"]
+
+
+GROUPS = 2  # the workers of `-n 2`: more groups would only shuffle the same runs
+
+
+def group(row: Replica) -> str:
+    """The xdist group of ``row``'s run and of every test using it: rows dealt in turn over :data:`GROUPS`."""
+    return f"families-{FAMILIES.index(row) % GROUPS}"
 
 
 @dataclass(frozen=True)

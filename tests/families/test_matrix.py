@@ -29,17 +29,17 @@ import pytest
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from tests.data.test_families import TEMPLATES
 
-from .conftest import FamilyRun
+from .conftest import FamilyRun, group
 from .replicas import FAMILIES, Replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("families")]  # the runs are shared with test_moe_experts
+pytestmark = [pytest.mark.slow]  # each row's tests in its run's xdist group (conftest.group), with test_moe_experts
 
 # What may differ in config.json as transformers reads it: where it was loaded from, and which release wrote it.
 CONFIG_CHANGES = frozenset({"_name_or_path", "transformers_version"})
 ATTENTION = "eager"  # one implementation every family has, for both sides of the logits comparison
 
 
-@pytest.fixture(scope="module", params=FAMILIES, ids=lambda r: r.key)
+@pytest.fixture(scope="module", params=[pytest.param(r, id=r.key, marks=pytest.mark.xdist_group(group(r))) for r in FAMILIES])
 def family_run(request: pytest.FixtureRequest, family_runs: Callable[[Replica], FamilyRun]) -> FamilyRun:
     return family_runs(request.param)
 

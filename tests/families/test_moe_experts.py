@@ -23,12 +23,11 @@ import pytest
 import torch
 
 
-from .conftest import FamilyRun, family_env
+from .conftest import FamilyRun, family_env, group
 from .replicas import BY_KEY, Replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("families")]  # the run is the matrix's
-
 ROW = BY_KEY["qwen3-moe"]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(group(ROW))]  # the run is the matrix's, on its worker
 ATTENTION = "eager"
 
 

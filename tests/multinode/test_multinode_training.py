@@ -277,31 +277,32 @@ def test_killing_the_rank_on_n2_fails_the_job_promptly_and_cancels_consolidation
     ids = jobs(run_dir)
     train_id, cons_id = ids["train"], ids["consolidate"]
 
-    victim = _rank1_on_n2(run_dir, train_id, env, min_steps=10)
-    steps_before = len(metrics(run_dir))
+    with su.cancelled_on_exit(ids.values(), env=env):  # a failure leaves no ranks spinning
+        victim = _rank1_on_n2(run_dir, train_id, env, min_steps=10)
+        steps_before = len(metrics(run_dir))
 
-    os.kill(victim, signal.SIGKILL)
-    t_kill = time.monotonic()
-    rec = su.wait_for_job(train_id, timeout_s=90, env=env)
-    ended_s = time.monotonic() - t_kill
-    assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
-    assert ended_s < 60, f"training job took {ended_s:.0f} s after the kill to end\n{all_logs(run_dir)}"
-    assert rec["TimeLimit"] == "00:20:00"
-    assert len(metrics(run_dir)) < 20000 and steps_before >= 10
+        os.kill(victim, signal.SIGKILL)
+        t_kill = time.monotonic()
+        rec = su.wait_for_job(train_id, timeout_s=90, env=env)
+        ended_s = time.monotonic() - t_kill
+        assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
+        assert ended_s < 60, f"training job took {ended_s:.0f} s after the kill to end\n{all_logs(run_dir)}"
+        assert rec["TimeLimit"] == "00:20:00"
+        assert len(metrics(run_dir)) < 20000 and steps_before >= 10
 
-    cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
-    assert cons["Reason"] == "DependencyNeverSatisfied", cons
-    assert cons["StartTime"] in ("Unknown", "None") or cons["RunTime"] == "00:00:00", cons
-    assert not (run_dir / "hf_model").exists()
-    # Never ran: no task log, and accounting has no batch step for it.
-    assert not list((run_dir / "logs").rglob(f"{cons_id}_*_log.*")), all_logs(run_dir)
-    assert set(su.sacct_states(cons_id, env=env)) == {str(cons_id)}, su.sacct_states(cons_id, env=env)
-    # Nothing of the job is left on either node (n1's rank was killed by srun, not orphaned).
-    deadline = time.monotonic() + 20
-    while (left := _job_processes(train_id)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"processes of job {train_id} still alive: {left}"
-    print(f"training job {train_id} FAILED {ended_s:.1f} s after the kill of pid {victim} on n2")
+        cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
+        assert cons["Reason"] == "DependencyNeverSatisfied", cons
+        assert cons["StartTime"] in ("Unknown", "None") or cons["RunTime"] == "00:00:00", cons
+        assert not (run_dir / "hf_model").exists()
+        # Never ran: no task log, and accounting has no batch step for it.
+        assert not list((run_dir / "logs").rglob(f"{cons_id}_*_log.*")), all_logs(run_dir)
+        assert set(su.sacct_states(cons_id, env=env)) == {str(cons_id)}, su.sacct_states(cons_id, env=env)
+        # Nothing of the job is left on either node (n1's rank was killed by srun, not orphaned).
+        deadline = time.monotonic() + 20
+        while (left := _job_processes(train_id)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"processes of job {train_id} still alive: {left}"
+        print(f"training job {train_id} FAILED {ended_s:.1f} s after the kill of pid {victim} on n2")
 
 
 HANG_TIMEOUT_S = 15  # cluster.rdzv_timeout_s for the hang test
@@ -321,24 +322,25 @@ def test_a_rank_that_hangs_on_n2_fails_the_job_within_the_timeout_and_is_named(t
             f"cluster.rdzv_timeout_s={HANG_TIMEOUT_S}", env=env)
     ids = jobs(run_dir)
     train_id, cons_id = ids["train"], ids["consolidate"]
-    victim = _rank1_on_n2(run_dir, train_id, env, min_steps=5)
-    os.kill(victim, signal.SIGSTOP)
-    t_stop = time.monotonic()
-    rec = su.wait_for_job(train_id, timeout_s=HANG_TIMEOUT_S + 90, env=env)
-    ended_s = time.monotonic() - t_stop
-    assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
-    assert ended_s < HANG_TIMEOUT_S + HANG_MARGIN_S, f"job ended {ended_s:.0f} s after the stop\n{all_logs(run_dir)}"
+    with su.cancelled_on_exit(ids.values(), env=env):  # a failure leaves no ranks spinning
+        victim = _rank1_on_n2(run_dir, train_id, env, min_steps=5)
+        os.kill(victim, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        rec = su.wait_for_job(train_id, timeout_s=HANG_TIMEOUT_S + 90, env=env)
+        ended_s = time.monotonic() - t_stop
+        assert rec["JobState"] == "FAILED", (rec, all_logs(run_dir))
+        assert ended_s < HANG_TIMEOUT_S + HANG_MARGIN_S, f"job ended {ended_s:.0f} s after the stop\n{all_logs(run_dir)}"
 
-    exit_rec = json.loads((run_dir / "train_exit.json").read_text())
-    assert exit_rec["exit_code"] == 76, exit_rec
-    assert f"rank 1 on n2 (pid {victim}) stopped answering" in exit_rec["reason"], exit_rec
-    assert f"waited {HANG_TIMEOUT_S} s (cluster.rdzv_timeout_s)" in exit_rec["reason"]
-    assert f"rank 1 on n2 (pid {victim}) stopped answering" in train_logs(run_dir, train_id)
+        exit_rec = json.loads((run_dir / "train_exit.json").read_text())
+        assert exit_rec["exit_code"] == 76, exit_rec
+        assert f"rank 1 on n2 (pid {victim}) stopped answering" in exit_rec["reason"], exit_rec
+        assert f"waited {HANG_TIMEOUT_S} s (cluster.rdzv_timeout_s)" in exit_rec["reason"]
+        assert f"rank 1 on n2 (pid {victim}) stopped answering" in train_logs(run_dir, train_id)
 
-    cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
-    assert cons["Reason"] == "DependencyNeverSatisfied", cons
-    deadline = time.monotonic() + 20
-    while (left := _job_processes(train_id)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"processes of job {train_id} still alive: {left}"
-    print(f"training job {train_id} FAILED {ended_s:.1f} s after SIGSTOP of pid {victim} on n2")
+        cons = su.wait_for_state(cons_id, {"CANCELLED"}, timeout_s=30, env=env)
+        assert cons["Reason"] == "DependencyNeverSatisfied", cons
+        deadline = time.monotonic() + 20
+        while (left := _job_processes(train_id)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"processes of job {train_id} still alive: {left}"
+        print(f"training job {train_id} FAILED {ended_s:.1f} s after SIGSTOP of pid {victim} on n2")

@@ -12,13 +12,14 @@ also expose the module as the ``slurm_utils`` fixture.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 #: Job states after which a job never runs again (unless requeued by hand).
 TERMINAL_STATES = frozenset(
@@ -127,6 +128,21 @@ def sbatch(*args: str, script: str | None = None, cwd: str | os.PathLike | None 
 
 def scancel(job_id: int | str, env: Mapping[str, str] | None = None) -> None:
     _run(["scancel", str(job_id)], env=env)
+
+
+@contextlib.contextmanager
+def cancelled_on_exit(job_ids: Iterable[int | str], env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Cancel ``job_ids`` when the block ends, however it ends (best effort, errors ignored).
+
+    A test that starts a long job (``train.max_steps=20000``) and fails before the job ends
+    would otherwise leave its ranks spinning to the job's time limit, slowing every test after it.
+    """
+    ids = [str(j) for j in job_ids]
+    try:
+        yield
+    finally:
+        if ids:
+            _run(["scancel", *ids], env=env, check=False)
 
 
 def requeue(job_id: int | str, env: Mapping[str, str] | None = None) -> None:

@@ -207,13 +207,16 @@ def cmdline(pid: int) -> Optional[str]:
 def rank_pids(torchrun_pid: int) -> list[int]:
     """The worker processes a node launcher started: torchrun's children, or, under
     ``python -m fsdp_workflow.train.node`` (a CPU run's default), the children of the
-    forkserver they were forked from (not the forkserver, nor multiprocessing's resource tracker)."""
+    forkserver they were forked from (not the forkserver, nor multiprocessing's resource tracker).
+    The forkserver is the launcher's own fork (the same command line) or, on a Python whose
+    forkserver the launcher does not fork itself, multiprocessing's spawned one."""
     out: list[int] = []
+    launcher = cmdline(torchrun_pid)
     for pid in child_pids(torchrun_pid):
         cmd = cmdline(pid)
         if cmd is None:
             continue
-        if "multiprocessing.forkserver" in cmd:
+        if "multiprocessing.forkserver" in cmd or (cmd == launcher and "fsdp_workflow.train.node" in cmd):
             out.extend(child_pids(pid))
         elif "multiprocessing.resource_tracker" not in cmd:
             out.append(pid)

@@ -1,6 +1,6 @@
 """The per-rank side of tests/train/test_ulysses_exact.py: real gloo ranks, the trainer's own pieces.
 
-:func:`run` starts ``world`` processes (``torch.multiprocessing``, spawn), each joins a
+:func:`run` starts ``world`` processes (``torch.multiprocessing``, forkserver), each joins a
 gloo group and, for every case, builds a family's tiny replica (tests/families/replicas.py
 rows: the config, at the replica shape, random weights from one seed) twice:
 
@@ -224,10 +224,25 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> No
 
 
 def run(world: int, cases: list[Case], out: Path, port: int) -> dict[str, Any]:
-    """Run ``cases`` on ``world`` spawned gloo ranks; rank 0's results."""
+    """Run ``cases`` on ``world`` gloo ranks; rank 0's results.
+
+    The ranks are forked from one server that imported torch, transformers and this module
+    once (the ``forkserver`` method, as the node launcher starts the trainer's ranks), not
+    each spawned to import them again: about 8 CPU-seconds a rank on the CI machine.
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(world, port, cases, str(out)), nprocs=world, join=True)
+    multiprocessing.set_forkserver_preload([__name__, "fsdp_workflow.train.node_preload"])
+    try:
+        mp.start_processes(_worker, args=(world, port, cases, str(out)), nprocs=world, join=True,
+                           start_method="forkserver")
+    finally:
+        stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own shutdown of the server
+        if stop is not None:
+            stop()
     return json.loads((out / "results.json").read_text())
 
 
