@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -10,6 +11,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+@pytest.fixture(autouse=True)
+def _root_handlers_as_found():
+    """Each test leaves the root logger's handlers as it found them.
+
+    A command run in-process (``fsdp_workflow.__main__``'s Hydra job logging) puts a console
+    handler on the root logger bound to that test's captured stderr, which pytest closes after
+    the test; a later test in the same worker that logs (a stage's ``main``) then prints
+    "--- Logging error ---" and a traceback into what it checks. pytest's own capture handlers
+    come and go with each phase and are left to it.
+    """
+    root = logging.getLogger()
+    before = set(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before and not type(h).__module__.startswith("_pytest")]:
+        root.removeHandler(handler)
+        handler.close()
+
 
 # Session fixtures that train something: every test that uses one runs on the same
 # pytest-xdist worker, so the run happens once per suite, not once per worker.

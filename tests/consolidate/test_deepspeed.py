@@ -75,6 +75,7 @@ def test_from_pretrained_logits_match_reference(case, tmp_path):
         assert torch.equal(model(ids).logits, ref(ids).logits)
 
 
+@pytest.mark.slow  # a whole chain: its module is handed out with the long groups (tests/conftest.py)
 def test_pipeline_command_on_run_dir(tmp_path):
     """``consolidate.sbatch`` runs ``python -m fsdp_workflow.consolidate RUN_DIR/checkpoints OUT``."""
     run = _copy("deepspeed_zero3/tiny_llama", tmp_path)

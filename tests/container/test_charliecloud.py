@@ -110,6 +110,7 @@ def outside_tmp() -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------- real ch-run
+@pytest.mark.slow  # a whole chain: its module is handed out with the long groups (tests/conftest.py)
 def test_smoke_chain_trains_and_consolidates_in_charliecloud(ch_run: str, tmp_path: Path) -> None:
     image, run_dir = tmp_path / "image", tmp_path / "run"
     overrides = ["train.max_steps=10", "checkpoint.every_steps=10"]

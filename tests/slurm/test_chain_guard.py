@@ -130,6 +130,7 @@ def test_an_edited_config_stops_the_job_that_reads_it(slurm_cluster, tmp_path):
     assert "warning: config.yaml changed since planning" in st and "fsdp_workflow.replan" in st
 
 
+@pytest.mark.slow  # a whole chain: its module is handed out with the long groups (tests/conftest.py)
 def test_replan_validates_an_edited_config_and_records_it(slurm_cluster, tmp_path):
     """The way out the refusal names: a typo is refused with its key; a valid edit is recorded and runs."""
     run_dir = tmp_path / "replan"

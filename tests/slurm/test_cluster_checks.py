@@ -129,6 +129,7 @@ def test_qos_maxwall_and_the_check_command_on_a_dry_run(qos10, short, tmp_path):
     assert _check_cmd(tmp_path / "nothing here").returncode == 2
 
 
+@pytest.mark.slow  # a whole chain: its module is handed out with the long groups (tests/conftest.py)
 def test_a_never_pending_reason_cancels_the_whole_chain(short, tmp_path):
     # With the pre-check off, Slurm takes the chain and gives the head PartitionTimeLimit at once:
     # the submission reads it, cancels every job and exits 2.
