@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -59,9 +60,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     # Groups with slow tests first (order inside a group kept): the workers share the long
     # runs from the start instead of one finishing the suite alone on the last of them.
+    # Among those, groups that mostly wait (on Slurm's queue: a `slurm` or `multinode` test)
+    # alternate with groups that compute, so that the two workers seldom wait at once.
     # (xdist keeps this order only under --no-loadscope-reorder, in pyproject.toml's addopts.)
     slow_groups = {groups[i.nodeid] for i in items if i.get_closest_marker("slow") is not None}
-    items.sort(key=lambda i: groups[i.nodeid] not in slow_groups)
+    waiting = {groups[i.nodeid] for i in items if i.get_closest_marker("slurm") or i.get_closest_marker("multinode")}
+    slow = list(dict.fromkeys(groups[i.nodeid] for i in items if groups[i.nodeid] in slow_groups))
+    computes, waits = [g for g in slow if g not in waiting], [g for g in slow if g in waiting]
+    order = [g for pair in itertools.zip_longest(computes, waits) for g in pair if g is not None]
+    rank = {g: n for n, g in enumerate(order)}
+    items.sort(key=lambda i: rank.get(groups[i.nodeid], len(rank)))
     return (yield)
 
 # The run with an EMA of the weights and a held-out split (session fixture ``ema_run``):

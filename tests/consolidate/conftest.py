@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,20 +25,23 @@ def _arch_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
-    """Train tiny Llama, Qwen2 (tied) and Mistral (bf16) in ONE torchrun and save the project layout."""
+    """Train tiny Llama, Qwen2 (tied) and Mistral (bf16) on 2 ranks in ONE run and save the project layout.
+
+    The ranks are forked from a preloaded server (tests/forked_ranks.py), not started by torchrun."""
+    from tests.consolidate import fsdp2_train
+    from tests.forked_ranks import run
+
     root = tmp_path_factory.mktemp("fsdp2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "fsdp2_train.py"), str(root), *KINDS]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    logs = []
+    errors = []
     for _attempt in range(2):  # gloo on a loaded shared machine occasionally aborts at start-up
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        if proc.returncode == 0:
+        try:
+            run(fsdp2_train.main, (str(root), list(KINDS)), world=2, preload=[fsdp2_train.__name__])
             return root
-        logs.append(f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        shutil.rmtree(root)
-        root.mkdir()
-    raise AssertionError("torchrun failed twice:\n" + "\n-----\n".join(logs))
+        except Exception as err:  # noqa: BLE001 - torch.multiprocessing's rank failure, said below
+            errors.append(f"{type(err).__name__}: {err}")
+            shutil.rmtree(root)
+            root.mkdir()
+    raise AssertionError("the 2-rank training failed twice:\n" + "\n-----\n".join(errors))
 
 
 def expected(run: Path, step: int) -> dict[str, torch.Tensor]:

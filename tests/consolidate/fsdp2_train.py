@@ -1,6 +1,7 @@
 """Train tiny HF causal LMs with FSDP2 on CPU and save them like the project trainer.
 
-Run (what the session fixture in ``conftest.py`` does)::
+The session fixture in ``conftest.py`` runs :func:`main` on 2 ranks forked from a
+preloaded server (tests/forked_ranks.py); by hand::
 
     torchrun --nproc_per_node 2 tests/consolidate/fsdp2_train.py OUT_ROOT llama qwen2 mistral
 
@@ -134,18 +135,16 @@ def save_dtensors(root: Path, rank: int) -> None:
     dist.barrier()
 
 
-def main() -> None:
-    root = Path(sys.argv[1])
-    kinds = sys.argv[2:]
+def main(root: str, kinds: list[str]) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
     for kind in kinds:
-        train_one(kind, root, rank)
-    save_dtensors(root, rank)
+        train_one(kind, Path(root), rank)
+    save_dtensors(Path(root), rank)
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # by hand, under torchrun (the tests fork the ranks: tests/consolidate/conftest.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    main(sys.argv[1], sys.argv[2:])

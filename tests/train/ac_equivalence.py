@@ -1,6 +1,8 @@
 """Losses, gradients and backward matmuls under each activation-checkpointing mode (a test helper).
 
-    torchrun --nproc_per_node 2 tests/train/ac_equivalence.py OUT.pt OVERRIDE...
+    torchrun --nproc_per_node 2 tests/train/ac_equivalence.py OUT.pt OVERRIDE...   (by hand)
+
+The test runs :func:`main` on 2 ranks forked from a preloaded server (tests/forked_ranks.py).
 
 For each mode of ``strategy.activation_checkpointing`` the ranks build the tiny
 Llama through the trainer's own :func:`fsdp_workflow.train.strategies.prepare`

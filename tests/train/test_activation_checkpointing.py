@@ -1,6 +1,6 @@
 """``strategy.activation_checkpointing``: every mode trains exactly like none, and recomputes what it says.
 
-One launch of ``tests/train/ac_equivalence.py`` on 2 gloo ranks (FSDP2 through
+One run of ``tests/train/ac_equivalence.py`` on 2 gloo ranks (tests/forked_ranks.py) (FSDP2 through
 the trainer's ``strategies.prepare``, a 4-layer tiny Llama, fp32, 3 AdamW steps)
 records each mode's losses, full gradients and the first backward's ``aten.mm``
 calls.
@@ -18,30 +18,22 @@ them). Measured: none 58, ops 70, every_n_layers 70, full 82.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.train.runner import free_port
-
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["+experiment=smoke", "model.num_hidden_layers=4", "train.mixed_precision=no",
              "strategy.activation_checkpointing_every_n_layers=2"]
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from tests.forked_ranks import run
+    from tests.train import ac_equivalence
+
     out = tmp_path_factory.mktemp("ac") / "records.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(ROOT / "tests/train/ac_equivalence.py"), str(out), *OVERRIDES]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run(ac_equivalence.main, (str(out), OVERRIDES), world=2, preload=[ac_equivalence.__name__])
     return torch.load(out, weights_only=True)
 
 

@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism on real gloo ranks: cp > 1 computes what cp = 1 computes (issue 39).
 
-Two spawns of ranks running the trainer's own pieces (tests/train/ulysses_ranks.py: the
+Two runs of ranks (tests/forked_ranks.py) running the trainer's own pieces (tests/train/ulysses_ranks.py: the
 mesh, the loss forward with the Ulysses attention, FSDP2 over ``dp_shard x cp``, the data
 loader's slices, the loop's loss scale) against cp = 1 on the same global batch, for a
 Llama, a Qwen3 and a Qwen3-MoE replica (tests/families rows), on samples packing three
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.conftest import copy_run
-from tests.train.runner import free_port, launched, log_text, make_run_dir, write_config
+from tests.train.runner import launched, log_text, make_run_dir, write_config
 from tests.train.ulysses_ranks import FOUR_RANKS, TWO_RANKS, Case, run
 
 pytestmark = pytest.mark.slow
@@ -48,12 +48,12 @@ FAMILIES = ("llama-3.1", "qwen3-untied", "qwen3-moe")
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run(2, TWO_RANKS, tmp_path_factory.mktemp("ulysses2"), free_port())
+    return run(2, TWO_RANKS, tmp_path_factory.mktemp("ulysses2"))
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run(4, FOUR_RANKS, tmp_path_factory.mktemp("ulysses4"), free_port())
+    return run(4, FOUR_RANKS, tmp_path_factory.mktemp("ulysses4"))
 
 
 def assert_exact(results: dict, case: Case) -> None:

@@ -1,6 +1,6 @@
 """The per-rank side of tests/train/test_ulysses_exact.py: real gloo ranks, the trainer's own pieces.
 
-:func:`run` starts ``world`` processes (``torch.multiprocessing``, forkserver), each joins a
+:func:`run` starts ``world`` processes (tests/forked_ranks.py), each joins a
 gloo group and, for every case, builds a family's tiny replica (tests/families/replicas.py
 rows: the config, at the replica shape, random weights from one seed) twice:
 
@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -196,9 +196,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[f
     return float((a[worst] - b[worst]).abs().max()), max(float(g.abs().max()) for g in b.values()), worst
 
 
-def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _worker(cases: list[Case], out: str) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # tests/forked_ranks.py sets them
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results: dict[str, Any] = {}
     try:
@@ -223,26 +222,12 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> No
         dist.destroy_process_group()
 
 
-def run(world: int, cases: list[Case], out: Path, port: int) -> dict[str, Any]:
-    """Run ``cases`` on ``world`` gloo ranks; rank 0's results.
+def run(world: int, cases: list[Case], out: Path) -> dict[str, Any]:
+    """Run ``cases`` on ``world`` gloo ranks forked from a preloaded server (tests/forked_ranks.py);
+    rank 0's results."""
+    from tests.forked_ranks import run as run_ranks
 
-    The ranks are forked from one server that imported torch, transformers and this module
-    once (the ``forkserver`` method, as the node launcher starts the trainer's ranks), not
-    each spawned to import them again: about 8 CPU-seconds a rank on the CI machine.
-    """
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    import torch.multiprocessing as mp
-
-    multiprocessing.set_forkserver_preload([__name__, "fsdp_workflow.train.node_preload"])
-    try:
-        mp.start_processes(_worker, args=(world, port, cases, str(out)), nprocs=world, join=True,
-                           start_method="forkserver")
-    finally:
-        stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own shutdown of the server
-        if stop is not None:
-            stop()
+    run_ranks(_worker, (cases, str(out)), world, preload=[__name__])
     return json.loads((out / "results.json").read_text())
 
 
@@ -255,7 +240,5 @@ if __name__ == "__main__":  # pragma: no cover - by hand: python -m tests.train.
     import sys
     import tempfile
 
-    from tests.train.runner import free_port
-
     n = int(sys.argv[1])
-    print(json.dumps(run(n, TWO_RANKS if n == 2 else FOUR_RANKS, Path(tempfile.mkdtemp()), free_port()), indent=1))
+    print(json.dumps(run(n, TWO_RANKS if n == 2 else FOUR_RANKS, Path(tempfile.mkdtemp())), indent=1))
