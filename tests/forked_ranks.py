@@ -16,14 +16,9 @@ give it (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) and one intra-op thread
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Callable, Sequence, Tuple
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from fsdp_workflow.backends.local import free_port
 
 
 def _rank(index: int, world: int, port: int, fn: Callable[..., Any], args: Tuple[Any, ...]) -> None:
@@ -44,11 +39,11 @@ def run(fn: Callable[..., Any], args: Tuple[Any, ...], world: int, preload: Sequ
 
     import torch.multiprocessing as mp
 
+    from fsdp_workflow.train.node import stop_helper
+
     multiprocessing.set_forkserver_preload([*preload, "fsdp_workflow.train.node_preload"])
     try:
-        mp.start_processes(_rank, args=(world, _port(), fn, tuple(args)), nprocs=world, join=True,
+        mp.start_processes(_rank, args=(world, free_port(), fn, tuple(args)), nprocs=world, join=True,
                            start_method="forkserver")
     finally:
-        stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own shutdown of the server
-        if stop is not None:
-            stop()
+        stop_helper(forkserver._forkserver)

@@ -23,17 +23,12 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from fsdp_workflow.backends.local import free_port
 from fsdp_workflow.core.exit_codes import EXIT_PREFLIGHT
 from fsdp_workflow.preflight import Context, Facts, compare
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,7 @@ def _two_nodes(run: Path, extra_env: Dict[str, str], port: int = 0,
     They start in the run directory's parent: ``python -m`` puts the working directory
     first on ``sys.path``, and this checkout's package must not stand in for the snapshot.
     """
-    port = port or _free_port()
+    port = port or free_port()
     procs = []
     for node in (0, 1):
         env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_NODEID": str(node), "MASTER_ADDR": "127.0.0.1",

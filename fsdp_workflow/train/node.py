@@ -232,12 +232,18 @@ def _stop_helpers() -> None:
     from multiprocessing import forkserver, resource_tracker
 
     for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
-        stop = getattr(helper, "_stop", None)  # CPython's own shutdown of each (closes its pipe, reaps it)
-        if stop is not None:
-            try:
-                stop()
-            except (OSError, ChildProcessError):
-                pass
+        stop_helper(helper)
+
+
+def stop_helper(helper: Any) -> None:
+    """Stop one of multiprocessing's helper processes (its forkserver, its resource tracker) with
+    CPython's own shutdown (closes its pipe, reaps it); a no-op where that is absent or already done."""
+    stop = getattr(helper, "_stop", None)
+    if stop is not None:
+        try:
+            stop()
+        except (OSError, ChildProcessError):
+            pass
 
 
 def main(argv: Optional[List[str]] = None) -> None:

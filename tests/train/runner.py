@@ -18,12 +18,12 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from fsdp_workflow.backends.local import free_port  # the tests' rendezvous ports, picked as the launcher picks its own
 from fsdp_workflow.config.accelerate_env import accelerate_env, read_launch_env
 from fsdp_workflow.config.load import compose, to_yaml
 from fsdp_workflow.config.schema import WorkflowConfig
@@ -62,12 +62,6 @@ def write_config(run_dir: Path, overrides: Sequence[str] = ()) -> WorkflowConfig
     layout.config.write_text(to_yaml(cfg))
     layout.launch_env.write_text(render_launch_env(accelerate_env(cfg)))
     return cfg
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_cmd(run_dir: Path, nproc: int = 2) -> list[str]:
