@@ -23,6 +23,11 @@ the terminal gets the same minus torchrun's own chatter and its ``ChildFailedErr
 traceback, which only repeats that a rank failed. In its place the launcher prints
 one line naming the failed rank, its exit code and reason (``train_exit.json``),
 and the log, and exits with the rank's code (65, 74, 75, 76, ...), as on Slurm.
+
+The data, consolidation and model-card steps are forked from one helper that imported
+torch and transformers once (:mod:`fsdp_workflow.backends.warm`) when the chain holds a
+verified consolidation; each still runs as its own ``python -m`` would, in a session of
+its own, and gets the signals this command receives.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.backends.finished import finished_message
 from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.backends.torchrun_io import OutputFilter, descendants, output_channel
+from fsdp_workflow.backends.warm import WarmSteps, step_module
 from fsdp_workflow.plan.jobs import LaunchPlan, SbatchJob
 from fsdp_workflow.plan.render import runtime_argv
 from fsdp_workflow.plan.spec import build_plan
@@ -64,19 +70,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(argv: List[str], env: dict) -> int:
-    """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+def _run(argv: List[str], env: dict, warm: Optional[WarmSteps] = None) -> int:
+    """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it.
+
+    With ``warm``, a step it can fork (:func:`fsdp_workflow.backends.warm.step_module`) is
+    forked there instead of started afresh; a signal that comes before the step's pid is
+    known is sent to it as soon as it is.
+    """
+    target: List[int] = []
+    pending: List[int] = []
 
     def forward(signum, _frame):
+        if not target:
+            pending.append(signum)
+            return
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(target[0], signum)
         except ProcessLookupError:
             pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
     try:
-        rc = proc.wait()
+        pid = warm.begin(argv, env) if warm is not None else None
+        if pid is None:
+            proc = subprocess.Popen(argv, env=env, start_new_session=True)
+            pid, wait = proc.pid, proc.wait
+        else:
+            wait = warm.wait
+        target.append(pid)
+        for signum in pending:
+            forward(signum, None)
+        rc = wait()
         # Killed by signal N: 128 + N, as a shell reports it; -N would leave this command as 256 - N.
         return 128 - rc if rc < 0 else rc
     finally:
@@ -263,6 +287,18 @@ def _this_python(argv: List[str]) -> List[str]:
     return [sys.executable, *argv[1:]] if argv[:1] == ["python"] else list(argv)
 
 
+def _worth_a_helper(jobs: Sequence[SbatchJob]) -> bool:
+    """Whether the chain's steps share the helper's import of torch (:mod:`fsdp_workflow.backends.warm`).
+
+    Only a verified consolidation imports torch and transformers (to load the result); a
+    chain without one, or whose steps run in a container, runs each step as its own process.
+    """
+    steps = [_this_python(a) for j in jobs if j.role != Role.train for a in (*j.before_argvs, j.argv, *j.after_argvs)]
+    forkable = [a for a in steps if step_module(a) is not None]
+    verified = any(step_module(a) == "fsdp_workflow.consolidate" and "--no-verify" not in a for a in forkable)
+    return verified and len(forkable) >= 2
+
+
 def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     """:func:`run_local` once the lock is held: the plan's chain, job after job, as Slurm would."""
     layout = plan.layout
@@ -283,16 +319,24 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     # A marker left by an earlier preempted run in this directory would turn a later
     # failure into "stopped on a signal"; train.sbatch removes it the same way.
     layout.requeue_marker.unlink(missing_ok=True)
-    consolidated = None
+    jobs: List[SbatchJob] = []
     for job in plan.chain:
         if job.role == Role.consolidate and not consolidate:
             break
-        assert job.role in _JOB_RUNNERS, f"the local launcher has no runner for the chain's {job.role} job"
-        rc = _JOB_RUNNERS[job.role](plan, job, env)
-        if rc is not None:
-            return rc
-        if job.role == Role.consolidate:
-            consolidated = job
+        jobs.append(job)
+    warm = WarmSteps.start(env) if _worth_a_helper(jobs) else None
+    consolidated = None
+    try:
+        for job in jobs:
+            assert job.role in _JOB_RUNNERS, f"the local launcher has no runner for the chain's {job.role} job"
+            rc = _JOB_RUNNERS[job.role](plan, job, env, warm)
+            if rc is not None:
+                return rc
+            if job.role == Role.consolidate:
+                consolidated = job
+    finally:
+        if warm is not None:
+            warm.close()
     if consolidated is None:
         log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
         return 0
@@ -304,10 +348,10 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     return 0
 
 
-def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
     """The data preparation job; None once it succeeded, else the command's exit code."""
     log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
-    rc = _run(_this_python(job.argv), env)
+    rc = _run(_this_python(job.argv), env, warm)
     stopped = _stopped(rc)
     if stopped:
         print(f"[fsdp_workflow] {stopped[1]} while preparing the data (exit {stopped[0]}); "
@@ -320,7 +364,7 @@ def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
     return None
 
 
-def _train(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+def _train(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
     """The training job (``train_node.sh`` under this launcher); None once it succeeded."""
     layout = plan.layout
     log_path = layout.logs / LOCAL_TRAIN_LOG
@@ -351,12 +395,12 @@ def _train(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
     return code
 
 
-def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
+def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
     """The consolidation job: the EMA's first (it never removes the shards), the model's, then its card."""
     for cons in [*job.before_argvs, job.argv]:
         argv = _this_python(cons)
         log.info("[fsdp_workflow] consolidating: %s", shown(argv))
-        rc = _run(argv, env)
+        rc = _run(argv, env, warm)
         stopped = _stopped(rc)
         if stopped:
             print(f"[fsdp_workflow] {stopped[1]} while consolidating (exit {stopped[0]}); the "
@@ -367,7 +411,7 @@ def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
             log.error("[fsdp_workflow] consolidation failed (%s); the checkpoints are untouched.", _code_words(rc))
             return rc
     for card in job.after_argvs:  # the report stage: README.md (and loss_curve.png) beside the verified weights
-        rc = _run(_this_python(card), env)
+        rc = _run(_this_python(card), env, warm)
         if rc != 0:
             log.error("[fsdp_workflow] the model card command failed (%s); the model is verified and "
                       "in place.", _code_words(rc))
@@ -376,7 +420,7 @@ def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict) -> Optional[int]:
 
 
 # What this machine runs for each role of the plan's chain (the per-checkpoint eval job is Slurm's alone).
-_JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict], Optional[int]]] = {
+_JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict, Optional[WarmSteps]], Optional[int]]] = {
     Role.prepare: _prepare,
     Role.train: _train,
     Role.consolidate: _consolidate,

@@ -35,13 +35,22 @@ def _cmdline(pid: int) -> str:
 
 
 def _prepare_under_way(cli: subprocess.Popen, timeout_s: float = 120) -> int:
-    """The prepare step's pid, once its tokenising workers are up (it is reading the data)."""
+    """The prepare step's pid, once its tokenising workers are up (it is reading the data).
+
+    The step is the launcher's child (``python -m fsdp_workflow.data.prepare``), or, in a chain
+    with a verified consolidation, the child of the launcher's helper that forks the steps
+    (fsdp_workflow.backends.warm), whose command line it keeps.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert cli.poll() is None, cli.communicate()
         for pid in _children(cli.pid):
             if "fsdp_workflow.data.prepare" in _cmdline(pid) and _children(pid):
                 return pid
+            if "fsdp_workflow.backends.warm" in _cmdline(pid):
+                steps = [c for c in _children(pid) if _children(c)]
+                if steps:
+                    return steps[0]
         time.sleep(0.05)
     raise AssertionError("the prepare step never started its workers")
 
