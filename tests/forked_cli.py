@@ -70,11 +70,20 @@ serve()
 '''
 
 WARM = (
-    "fsdp_workflow.config.validate", "fsdp_workflow.config.hydra_mode", "fsdp_workflow.plan.checks",
-    "fsdp_workflow.plan.run_dir", "fsdp_workflow.backends.slurm.live_chain", "fsdp_workflow.backends.slurm.cluster_check",
+    "fsdp_workflow.config.validate", "fsdp_workflow.config.hydra_mode", "fsdp_workflow.config.keys",
+    "fsdp_workflow.plan.checks", "fsdp_workflow.plan.run_dir", "fsdp_workflow.plan.spec", "fsdp_workflow.plan.estimate",
+    "fsdp_workflow.launch.pipeline", "fsdp_workflow.backends.registry", "fsdp_workflow.backends.local",
+    "fsdp_workflow.backends.torchrun_io", "fsdp_workflow.backends.slurm.backend", "fsdp_workflow.backends.slurm.submit",
+    "fsdp_workflow.backends.slurm.scripts", "fsdp_workflow.backends.slurm.pending", "fsdp_workflow.backends.slurm.reasons",
+    "fsdp_workflow.backends.slurm.status_jobs", "fsdp_workflow.backends.slurm.live_chain",
+    "fsdp_workflow.backends.slurm.cluster_check", "fsdp_workflow.core.lock", "fsdp_workflow.core.logs",
+    "fsdp_workflow.data.sources", "fsdp_workflow.data.summary",
     "hydra._internal.core_plugins.basic_launcher", "hydra._internal.core_plugins.basic_sweeper",
     "hydra._internal.core_plugins.file_config_source", "hydra._internal.core_plugins.structured_config_source",
-    "hydra._internal.core_plugins.importlib_resources_config_source", "difflib", "subprocess",
+    "hydra._internal.core_plugins.importlib_resources_config_source", "hydra._internal.core_plugins.bash_completion",
+    "hydra._internal.core_plugins.fish_completion", "hydra._internal.core_plugins.zsh_completion",
+    "hydra._internal.logging_config", "omegaconf._impl", "antlr4.LL1Analyzer", "difflib", "gzip", "pty",
+    "subprocess",
 )
 _SERVER = _SERVER % {"WARM": WARM}
 
