@@ -22,7 +22,7 @@ The protocol is JSON lines on a Unix socket pair that only the two hold: a reque
 ``{"module", "args", "cwd"}`` with the launcher's standard input, output and error as
 they are at that moment (passed as descriptors, so a step writes where a started one
 would), the reply ``{"pid"}`` once the step is in its own session (so a forwarded
-signal cannot miss it), then ``{"code"}`` when it ended, as
+signal cannot miss it), then ``{"status"}`` when it ended, as
 :func:`os.waitstatus_to_exitcode` gives it (negative: killed by that signal).
 """
 
@@ -35,6 +35,8 @@ import subprocess
 import sys
 import warnings
 from typing import List, Optional, Sequence, Tuple
+
+from fsdp_workflow.core.fastexit import exit_now
 
 # The steps that may be forked, and what the helper imports for them: the consolidation's
 # from_pretrained check needs torch and transformers' modeling code, the data step the tokenizer.
@@ -93,7 +95,7 @@ class WarmSteps:
     def wait(self) -> int:
         """The step's exit code as :func:`os.waitstatus_to_exitcode` gives it (255 if the helper died)."""
         reply = self._replies.readline()
-        return int(json.loads(reply)["code"]) if reply else 255
+        return int(json.loads(reply)["status"]) if reply else 255
 
     def close(self) -> None:
         for end in (self._replies, self._sock):
@@ -137,15 +139,16 @@ def _run_step(module: str, args: List[str], cwd: str, stdio: List[int], ready_w:
         code = -signal.SIGINT  # a fresh interpreter dies of the signal
     except BaseException:  # noqa: BLE001 - printed where the interpreter prints it
         traceback.print_exc()
+    if code >= 0:
+        exit_now(code)  # what interpreter shutdown runs for others (threads, atexit, streams), then _exit
     try:
-        atexit._run_exitfuncs()  # what interpreter shutdown runs (logging's flush among them)
+        atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
     finally:
-        if code < 0:
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-        os._exit(code & 0xFF)
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        os._exit(1)
 
 
 def _request(sock: socket.socket) -> Optional[Tuple[dict, List[int]]]:
@@ -193,7 +196,7 @@ def serve(fd: int) -> None:
         os.close(ready_r)
         sock.sendall((json.dumps({"pid": pid}) + "\n").encode())
         _, status = os.waitpid(pid, 0)
-        sock.sendall((json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+        sock.sendall((json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n").encode())
     # The launcher is done with it: nothing of the helper's own is left to flush, and tearing down the
     # interpreter with torch imported costs a second or more, which the launcher would wait for.
     os._exit(0)

@@ -168,4 +168,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fsdp_workflow.core.fastexit import run_main
+
+    run_main(main)  # raise SystemExit(main()), without tearing down torch's modules (fastexit)

@@ -614,4 +614,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fsdp_workflow.core.fastexit import run_main
+
+    run_main(main)  # sys.exit(main()), without tearing down torch's modules (fastexit)

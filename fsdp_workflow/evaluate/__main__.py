@@ -63,4 +63,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fsdp_workflow.core.fastexit import run_main
+
+    run_main(main)  # raise SystemExit(main()), without tearing down torch's modules (fastexit)

@@ -255,4 +255,6 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fsdp_workflow.core.fastexit import run_main
+
+    run_main(main)  # as torchrun's main, without tearing down torch's modules (fastexit)
