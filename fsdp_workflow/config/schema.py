@@ -124,7 +124,8 @@ class Overlong(str, Enum):
 
 
 # Canonical names of the record fields; data.fields maps them to a dataset's own names.
-DATA_FIELDS = ("messages", "role", "content", "prompt", "completion", "instruction", "input", "output", "system")
+DATA_FIELDS = ("messages", "role", "content", "prompt", "completion", "instruction", "input", "output", "system",
+               "history")
 
 
 class OptimizerName(str, Enum):

@@ -14,12 +14,15 @@ an empty assistant turn, or no assistant turn at all).
   ``reasoning_content``; it is passed to the template, which decides whether
   to write it.
 - ``prompt_completion`` / ``alpaca``: with a chat template, a [user, assistant]
-  conversation (plus the ``system`` field when the record has one); without,
+  conversation (plus the ``system`` field when the record has one, and for
+  ``alpaca`` LLaMA-Factory's ``history`` of earlier [instruction, response]
+  turns before it, refused without a template); without,
   plain concatenation (the classic Alpaca prompt for ``alpaca``) and the
   answer followed by EOS is trained.
 
 ``data.train_on`` then picks the spans: every assistant span, the last one, or
-the whole document (``all``).
+the whole document (``all``). An assistant message with OpenAI's ``"weight": 0``
+is rendered but not trained (``all`` trains every token regardless).
 """
 
 from __future__ import annotations
@@ -135,7 +138,10 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
             if role not in ROLES:
                 raise BadRecord(f"message {n} has unknown role {role!r}; known: {', '.join(ROLES)} "
                                 "(ShareGPT: human, gpt, system, tool, observation, function_call)")
-            out.append(normalise(m, role, content, n, ckey))
+            message = normalise(m, role, content, n, ckey)
+            if "weight" in m:
+                message["weight"] = _weight(m["weight"], n, role)
+            out.append(message)
         except MessageError as err:
             raise BadRecord(str(err)) from err
     system = record.get(spec.field("system"))
@@ -143,6 +149,36 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
         out.insert(0, {"role": "system", "content": system})
     if not any(m["role"] == "assistant" for m in out):
         raise BadRecord("no assistant turn: nothing to train")
+    return out
+
+
+def _weight(value: Any, n: int, role: str) -> int:
+    """OpenAI's per-message ``weight``: 0 leaves an assistant message untrained, 1 trains it."""
+    if role != "assistant":
+        raise BadRecord(f"message {n} ({role}) has a weight: weights mark assistant messages only (OpenAI's "
+                        "fine-tuning format); remove it")
+    if value not in (0, 1):  # 0, 1 (and false, true)
+        raise BadRecord(f"message {n} (assistant) has weight {value!r}: 0 (not trained) or 1 (trained), as "
+                        "OpenAI's fine-tuning format defines it")
+    return int(value)
+
+
+def _history(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any]]:
+    """LLaMA-Factory's alpaca ``history``: earlier ``[instruction, response]`` turns, as user/assistant messages."""
+    key = spec.field("history")
+    raw = record.get(key)
+    if raw is None or raw == []:
+        return []
+    if not isinstance(raw, list):
+        raise BadRecord(f"field {key!r} is a {type(raw).__name__}, not a list of [instruction, response] pairs")
+    out: List[Dict[str, Any]] = []
+    for n, turn in enumerate(raw):
+        if not (isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(t, str) for t in turn)):
+            raise BadRecord(f"field {key!r}: turn {n} is {json.dumps(turn)[:80]}, not an [instruction, response] "
+                            "pair of strings")
+        if not turn[1].strip():
+            raise BadRecord(f"field {key!r}: turn {n} has an empty response")
+        out += [{"role": "user", "content": turn[0]}, {"role": "assistant", "content": turn[1]}]
     return out
 
 
@@ -224,6 +260,7 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
             raise BadRecord(str(err)) from err
         return _templated(messages, spec, render, variables, tools)
     else:
+        history: List[Dict[str, Any]] = []  # alpaca's earlier turns
         if spec.format == DataFormat.prompt_completion:
             prompt_raw, completion_raw = rec.get(spec.field("prompt")), rec.get(spec.field("completion"))
             if isinstance(prompt_raw, list) and isinstance(completion_raw, list):  # conversational prompt/completion
@@ -240,6 +277,11 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
             prompt = (ALPACA_PROMPT.format(instruction=instruction, input=extra) if extra.strip()
                       else ALPACA_PROMPT_NO_INPUT.format(instruction=instruction))
             user = instruction + ("\n\n" + extra if extra.strip() else "")
+            history = _history(rec, spec)
+            if history and render is None:
+                raise BadRecord(f"{len(history) // 2} earlier turn(s) in {spec.field('history')!r}, which the plain "
+                                "Alpaca prompt has no place for: set data.chat_template (e.g. chatml) to render them "
+                                "as earlier turns of the conversation")
         if not answer.strip():
             raise BadRecord("empty " + ("completion" if spec.format == DataFormat.prompt_completion else "output"))
         if render is None:
@@ -247,7 +289,7 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
             if spec.train_on == TrainOn.all:
                 return Document(text, [(0, len(text))], True, True)
             return Document(text, [(len(prompt), len(text))], True, True)
-        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        messages = [*history, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         if isinstance(system, str) and system.strip():
             messages.insert(0, {"role": "system", "content": system})
     return _templated(messages, spec, render, variables)
@@ -256,9 +298,18 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
 def _templated(messages: List[Dict[str, Any]], spec: FormatSpec, render: Optional[ChatTemplate],
                variables: Mapping[str, Any], tools: Optional[List[Any]] = None) -> Document:
     assert render is not None, "a chat format without a template is refused before the workers start"
+    weights = [m.pop("weight", 1) for m in messages if m["role"] == "assistant"]  # not the template's to read
     text, spans = conversation_spans(messages, render, variables, tools)
     if spec.train_on == TrainOn.all:
         return Document(text, [(0, len(text))], False, False)
+    if 0 in weights:
+        if len(spans) != len(weights):
+            raise BadRecord(f"an assistant message has weight 0, but the chat template's {{% generation %}} blocks "
+                            f"({len(spans)}) do not pair with the assistant messages ({len(weights)}): which to leave "
+                            "untrained cannot be told; remove the weights or use a template without such blocks")
+        spans = [span for span, weight in zip(spans, weights) if weight]
+        if not spans:
+            raise BadRecord("every assistant message has weight 0: nothing to train")
     return Document(text, _pick(spans, spec.train_on), False, False)
 
 

@@ -138,6 +138,59 @@ def test_alpaca_plain_and_templated() -> None:
     assert mask.all()
 
 
+def _bad(tok: Any, record: Any, fmt: DataFormat, template: Optional[str], train_on: TrainOn = TrainOn.assistant) -> str:
+    """The reason a record is refused, through the workers' code path."""
+    spec = EncodeSpec(ModelConfig(name="t", init=ModelInit.random), FormatSpec(fmt, "text", {}, train_on, True, template),
+                      False, 4096, Overlong.truncate)
+    init_worker(spec, tok)
+    res = encode_chunk(("mem", [(1, record)]))
+    assert len(res.bad) == 1, res.bad
+    return str(res.bad[0])
+
+
+def test_alpaca_history_is_rendered_as_earlier_turns_or_refused_without_a_template() -> None:
+    """LLaMA-Factory's alpaca ``history``: earlier [instruction, response] turns, never dropped without a word."""
+    tok = byte_level_tokenizer()
+    chatml = SHIPPED_TEMPLATES["chatml"]
+    rec = {"instruction": "And times 3?", "output": "15", "system": "Be brief.",
+           "history": [["What is 2 + 3?", "5"], ["Minus 1?", "4"]]}
+    ids, mask = _encode(tok, [rec], DataFormat.alpaca, chatml)[0]
+    assert tok.decode(ids) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+                               "<|im_start|>assistant\n5<|im_end|>\n<|im_start|>user\nMinus 1?<|im_end|>\n"
+                               "<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\nAnd times 3?<|im_end|>\n"
+                               "<|im_start|>assistant\n15<|im_end|>\n")
+    assert _trained_text(tok, ids, mask) == ["5<|im_end|>\n", "4<|im_end|>\n", "15<|im_end|>\n"]
+    ids, mask = _encode(tok, [rec], DataFormat.alpaca, chatml, TrainOn.last_assistant)[0]
+    assert _trained_text(tok, ids, mask) == ["15<|im_end|>\n"]
+    empty = _encode(tok, [{**rec, "history": []}], DataFormat.alpaca, chatml)[0]
+    assert tok.decode(empty[0]).count("<|im_start|>user") == 1
+    why = _bad(tok, rec, DataFormat.alpaca, None)
+    assert "2 earlier turn(s) in 'history'" in why and "data.chat_template" in why
+    assert "not an [instruction, response] pair" in _bad(tok, {**rec, "history": [["only one"]]}, DataFormat.alpaca, chatml)
+
+
+def test_openai_weight_zero_leaves_an_assistant_message_untrained() -> None:
+    tok = byte_level_tokenizer()
+    chatml = SHIPPED_TEMPLATES["chatml"]
+    conv = [dict(m) for m in CONVERSATIONS[1]]
+    conv[1]["weight"] = 0
+    ids, mask = _encode(tok, [{"messages": conv}], DataFormat.conversation, chatml)[0]
+    assert _trained_text(tok, ids, mask) == ["An OrderedDict, with order.<|im_end|>\n"]
+    assert "weight" not in tok.decode(ids)  # rendered as the other messages, the key not passed on
+    plain = _encode(tok, [{"messages": CONVERSATIONS[1]}], DataFormat.conversation, chatml)[0]
+    assert np.array_equal(ids, plain[0])
+    conv[1]["weight"], conv[3]["weight"] = 1, 0
+    ids, mask = _encode(tok, [{"messages": conv}], DataFormat.conversation, chatml, TrainOn.last_assistant)[0]
+    assert _trained_text(tok, ids, mask) == ["A deque.<|im_end|>\n"]  # the last trained one
+    conv[1]["weight"] = 0
+    assert "every assistant message has weight 0" in _bad(tok, {"messages": conv}, DataFormat.conversation, chatml)
+    conv[1]["weight"] = 0.5
+    assert "has weight 0.5: 0 (not trained) or 1 (trained)" in _bad(tok, {"messages": conv}, DataFormat.conversation,
+                                                                    chatml)
+    user = [{**CONVERSATIONS[1][0], "weight": 0}, *CONVERSATIONS[1][1:]]
+    assert "weights mark assistant messages only" in _bad(tok, {"messages": user}, DataFormat.conversation, chatml)
+
+
 def test_text_format_trains_everything() -> None:
     tok = byte_level_tokenizer()
     ids, mask = _encode(tok, [{"text": "plain words"}], DataFormat.text, None, TrainOn.last_assistant)[0]
