@@ -55,7 +55,8 @@ def step_module(argv: Sequence[str]) -> Optional[str]:
 
 
 class WarmSteps:
-    """The launcher's end of the helper: :meth:`start`, then :meth:`run` each step, then :meth:`close`."""
+    """The launcher's end of the helper: :meth:`start`, then :meth:`begin` and :meth:`wait` for each step,
+    then :meth:`close`."""
 
     def __init__(self, proc: subprocess.Popen, sock: socket.socket, env: dict) -> None:
         self._proc = proc
@@ -112,12 +113,11 @@ class WarmSteps:
 
 def _run_step(module: str, args: List[str], cwd: str, stdio: List[int], ready_w: int) -> None:
     """The forked step: ``python -m MODULE ARGS`` in a session of its own; never returns."""
-    import atexit
     import runpy
     import signal
     import traceback
 
-    code = 1
+    code, signum = 1, None
     try:
         os.setsid()  # as the launcher's own children are started: a signal reaches the step's group only
         os.write(ready_w, b"1")
@@ -136,19 +136,10 @@ def _run_step(module: str, args: List[str], cwd: str, stdio: List[int], ready_w:
             print(err.code, file=sys.stderr)
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = -signal.SIGINT  # a fresh interpreter dies of the signal
+        signum = signal.SIGINT  # a fresh interpreter dies of the signal
     except BaseException:  # noqa: BLE001 - printed where the interpreter prints it
         traceback.print_exc()
-    if code >= 0:
-        exit_now(code)  # what interpreter shutdown runs for others (threads, atexit, streams), then _exit
-    try:
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-    finally:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        os._exit(1)
+    exit_now(code, signum)  # what interpreter shutdown runs for others (threads, atexit, streams), then _exit
 
 
 def _request(sock: socket.socket) -> Optional[Tuple[dict, List[int]]]:

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from typing import Callable, NoReturn, Optional
 
 
-def exit_now(code: int) -> NoReturn:
-    """What interpreter shutdown runs for others (threads, ``atexit``, streams), then ``os._exit(code)``."""
+def exit_now(code: int, signum: Optional[int] = None) -> NoReturn:
+    """What interpreter shutdown runs for others (threads, ``atexit``, streams), then ``os._exit(code)``.
+
+    With ``signum``, the process then dies of that signal instead, as a fresh interpreter does after
+    an unhandled ``KeyboardInterrupt`` (its parent sees SIGINT, not an exit code).
+    """
     shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as Py_Finalize does first
     if shutdown is not None:
         shutdown()
@@ -31,6 +36,9 @@ def exit_now(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    if signum is not None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(code & 0xFF)
 
 

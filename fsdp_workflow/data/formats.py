@@ -167,14 +167,14 @@ def _history(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any]
     """LLaMA-Factory's alpaca ``history``: earlier ``[instruction, response]`` turns, as user/assistant messages."""
     key = spec.field("history")
     raw = record.get(key)
-    if raw is None or raw == []:
+    if raw is None or isinstance(raw, list) and not raw:
         return []
     if not isinstance(raw, list):
         raise BadRecord(f"field {key!r} is a {type(raw).__name__}, not a list of [instruction, response] pairs")
     out: List[Dict[str, Any]] = []
     for n, turn in enumerate(raw):
         if not (isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(t, str) for t in turn)):
-            raise BadRecord(f"field {key!r}: turn {n} is {json.dumps(turn)[:80]}, not an [instruction, response] "
+            raise BadRecord(f"field {key!r}: turn {n} is {turn!r:.80}, not an [instruction, response] "
                             "pair of strings")
         if not turn[1].strip():
             raise BadRecord(f"field {key!r}: turn {n} has an empty response")
