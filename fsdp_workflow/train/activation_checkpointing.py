@@ -188,3 +188,23 @@ def compile_units(model: nn.Module, layer_classes: Sequence[type]) -> List[nn.Mo
         elif isinstance(m, tuple(layer_classes)) and id(m) not in inside:
             units.append(m)
     return units
+
+
+def compile_unit(unit: nn.Module, **options: Any) -> None:
+    """``torch.compile`` one unit's ``forward`` in place (``options`` go to ``torch.compile``).
+
+    Dynamo refuses a side effect inside a checkpointed region, because eager checkpointing
+    would replay it in backward and the compiled graph would not. Since transformers 5.25
+    every attention module has one: the ``kernels`` package's ``use_kernelized_func``
+    sets a context variable around ``forward`` and resets it after. Refused, the
+    checkpoint breaks the graph, and the ``ops`` policy silently runs as eager regions
+    (what :func:`compile_units` exists to avoid). That set/reset pair leaves nothing
+    behind, so skipping it in the recompute is exact; dynamo's
+    ``skip_fwd_side_effects_in_bwd_under_checkpoint`` says so. Set per process, before
+    the first trace; absent from a torch build that lacks it (nothing refused there).
+    tests/train/test_ac_policy.py compiles with ``fullgraph=True``, so a break fails it.
+    """
+    config = torch._dynamo.config
+    if hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    unit.forward = torch.compile(unit.forward, **options)  # type: ignore[method-assign]

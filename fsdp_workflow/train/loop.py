@@ -55,7 +55,7 @@ from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel, strategies
-from fsdp_workflow.train.activation_checkpointing import compile_units
+from fsdp_workflow.train.activation_checkpointing import compile_unit, compile_units
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers, ulysses
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
@@ -145,7 +145,7 @@ def compile_layers(model: torch.nn.Module, layer_names: list[str]) -> None:
     """
     layer_classes = model_lib.decoder_layer_classes(getattr(model, "module", model), layer_names)
     for m in compile_units(model, layer_classes):
-        m.forward = torch.compile(m.forward)  # type: ignore[method-assign]
+        compile_unit(m)
 
 
 @dataclass

@@ -265,17 +265,19 @@ def accelerate_prepare(parts: ModelParts, before_optimizer: Callable[[], None] =
     return Prepared(model, optimizer, parts.cfg.strategy.name, native_fsdp2=False, float8_layers=parts.float8_layers)
 
 
-def keep_root_output_fp32(plugin: Any) -> None:
-    """Let the root of Accelerate's FSDP2 hand back the loss sums as computed (fp32), as our path does.
+def own_mixed_precision(plugin: Any, options: ShardOptions, device: torch.device) -> None:
+    """Give Accelerate's FSDP2 plugin our mixed-precision policy, whatever its version would choose.
 
-    For ``bf16``/``fp16`` Accelerate's policy sets ``output_dtype`` to the low dtype on every
-    unit, the root included, and FSDP2 casts the root's output (our installed forward's
-    fp32 sums) to it: 8 bits of mantissa in bf16. Without ``output_dtype`` nothing else
-    changes: units computing in the low dtype still hand it on, and inputs are still cast.
+    Accelerate applies one policy to every unit, the root included, and its choice moved
+    between releases: 1.15 set ``output_dtype`` to the low dtype (FSDP2 then cast the
+    root's output, our installed forward's fp32 loss sums, to bf16: 8 bits of mantissa),
+    1.16 leaves it None and reduces gradients in the low dtype on every device. So the
+    trainer does not inherit it: the policy is :meth:`ShardOptions.mp_policy`, as our own
+    FSDP2 path uses, with ``output_dtype`` None because the root shares it. Units
+    computing in the low dtype still hand it on, and inputs are still cast.
+    (tests/train/test_bf16_loss.py runs both Accelerate choices through this.)
     """
-    policy = getattr(plugin, "mixed_precision_policy", None)
-    if getattr(policy, "output_dtype", None) is not None:
-        plugin.mixed_precision_policy = replace(policy, output_dtype=None)
+    plugin.mixed_precision_policy = replace(options.mp_policy(device), output_dtype=None)
 
 
 @contextlib.contextmanager

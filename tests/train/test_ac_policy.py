@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdp_workflow.config.schema import ActivationCheckpointing as AC
-from fsdp_workflow.train.activation_checkpointing import apply_activation_checkpointing, compile_units
+from fsdp_workflow.train.activation_checkpointing import apply_activation_checkpointing, compile_unit, compile_units
 from fsdp_workflow.train.loss import install_loss_forward
 
 SEQ, LAYERS = 32, 2
@@ -56,7 +56,7 @@ def backward_ops(mode: AC, compiled: bool = False) -> Counter:
     apply_activation_checkpointing(model, [LlamaDecoderLayer], mode, every_n_layers=2)
     if compiled:
         for unit in compile_units(model, [LlamaDecoderLayer]):
-            unit.forward = torch.compile(unit.forward, backend="aot_eager", fullgraph=True)
+            compile_unit(unit, backend="aot_eager", fullgraph=True)
     install_loss_forward(model)
     ids = torch.randint(0, 260, (2, SEQ))
     loss = model(input_ids=ids, labels=ids, position_ids=torch.arange(SEQ).expand(2, SEQ)).ce

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -103,16 +104,18 @@ def test_the_logged_bf16_loss_is_the_fp32_reduction(strategy: str, tmp_path: Pat
         assert abs(rounded - want) > 1e-5 * want, (rounded, want)
 
 
-def test_accelerate_fsdp2_root_hands_back_fp32_sums() -> None:
+@pytest.mark.parametrize("accelerate_output", [torch.bfloat16, None], ids=["accelerate-1.15", "accelerate-1.16"])
+def test_accelerate_fsdp2_root_hands_back_fp32_sums(accelerate_output) -> None:
     """Accelerate's own FSDP2 wrapping (``fsdp2_prepare_model``), as the trainer's GPU path runs it, on one
-    CPU gloo rank: with Accelerate's bf16 policy the root casts the installed forward's fp32 sums to
-    bf16; after ``parallel.keep_root_output_fp32`` they come back fp32, while the decoder layers still
-    compute and hand on bf16."""
+    CPU gloo rank. Accelerate's bf16 policy has changed between releases: 1.15 set ``output_dtype`` bf16
+    (the root then cast the installed forward's fp32 sums to bf16), 1.16 leaves it None. Whichever
+    Accelerate chose, after ``parallel.own_mixed_precision`` the sums come back fp32 and the decoder
+    layers still compute and hand on bf16."""
     import torch.distributed as dist
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
-    from fsdp_workflow.train.parallel import keep_root_output_fp32
+    from fsdp_workflow.train.parallel import ShardOptions, own_mixed_precision
 
     cfg = compose(["+experiment=smoke", "train.mixed_precision=bf16"])
     seq = 32
@@ -130,9 +133,10 @@ def test_accelerate_fsdp2_root_hands_back_fp32_sums() -> None:
                                                 transformer_cls_names_to_wrap=[cfg.model.decoder_layer_cls],
                                                 auto_wrap_policy="transformer_based_wrap")
         plugin.set_mixed_precision("bf16")
-        assert plugin.mixed_precision_policy.output_dtype == torch.bfloat16  # Accelerate's choice
+        # the release's choice, whichever Accelerate is installed
+        plugin.mixed_precision_policy = replace(plugin.mixed_precision_policy, output_dtype=accelerate_output)
         if fix:
-            keep_root_output_fp32(plugin)
+            own_mixed_precision(plugin, ShardOptions.of(cfg), torch.device("cpu"))
         net = model_lib.build_model(cfg.model, seed=0)
         net = fsdp2_prepare_model(_Accelerator(plugin), net)
         install_loss_forward(net)  # after prepare, as the fsdp2 strategy does
@@ -147,7 +151,7 @@ def test_accelerate_fsdp2_root_hands_back_fp32_sums() -> None:
         after, layer_dtype = wrapped_output(fix=True)
     finally:
         dist.destroy_process_group()
-    assert before.dtype == torch.bfloat16  # what Accelerate's path logged before
+    assert before.dtype == (accelerate_output or torch.float32)  # what Accelerate's own policy gives
     assert after.dtype == torch.float32 and layer_dtype == torch.bfloat16
     assert after.item() != after.bfloat16().float().item()  # more than 8 bits
     assert abs(after.item() - before.float().item()) <= abs(after.item()) * 2 ** -8  # the same sum, rounded

@@ -26,7 +26,7 @@ from fsdp_workflow.train.parallel import (
     ShardOptions,
     apply_fully_shard,
     check_same_parameters,
-    keep_root_output_fp32,
+    own_mixed_precision,
     materialize_and_broadcast,
     uses_accelerate_fsdp,
 )
@@ -94,7 +94,7 @@ def _accelerate_fsdp2(parts: ModelParts, options: ShardOptions) -> Prepared:
     # after prepare so it is not wrapped. Its activation checkpointing (full) comes
     # from FSDP_ACTIVATION_CHECKPOINTING, which the planner wrote from the same key.
     optimizer = parts.build_optimizer(model)
-    keep_root_output_fp32(plugin)
+    own_mixed_precision(plugin, options, accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     parts.install_forward(model)
     layers = list(range(cfg.model.num_hidden_layers))
