@@ -281,6 +281,8 @@ class DataConfig:
     chat_template: Optional[str] = None  # None: the tokenizer's own; a shipped name (chatml) or a Jinja template
     train_on: TrainOn = TrainOn.assistant  # which tokens carry loss (format=text trains all)
     on_bad_record: OnBadRecord = OnBadRecord.fail  # a record lacking fields, with an unknown role or an empty answer
+    # Train answers that no user turn precedes (system + assistant, an empty prompt); false: such a record is bad
+    allow_no_user: bool = False
     overlong: Overlong = Overlong.truncate  # a sample longer than train.seq_len
     cache_dir: Optional[str] = None  # None: RUN_DIR/data_cache; a shared directory reuses caches across runs
     num_workers: Optional[int] = bounded(None, ge=1)  # prepare processes; None: the CPUs this process may use

@@ -23,6 +23,14 @@ an empty assistant turn, or no assistant turn at all).
 ``data.train_on`` then picks the spans: every assistant span, the last one, or
 the whole document (``all``). An assistant message with OpenAI's ``"weight": 0``
 is rendered but not trained (``all`` trains every token regardless).
+
+OpenAI's legacy ``function_call``, ``role: function`` and ``functions`` are read as
+the tool calls, results and tools they are (:mod:`fsdp_workflow.data.legacy_calls`).
+A trained answer with no user turn before it (an empty prompt, a conversation of
+system and assistant turns, preference data's chosen answers mapped without their
+prompt) is a bad record unless ``data.allow_no_user``; preference data
+(``prompt``/``chosen``/``rejected``) is named as such, with the routes that train it
+(:mod:`fsdp_workflow.data.preference`).
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from fsdp_workflow.config.schema import DataFormat, TrainOn
-from fsdp_workflow.data.messages import ROLES, MessageError, normalise, record_tools, sharegpt
+from fsdp_workflow.data import legacy_calls
+from fsdp_workflow.data.messages import ROLES, MessageError, call_names, normalise, record_tools, sharegpt
+from fsdp_workflow.data.preference import is_preference, preference_advice
 from fsdp_workflow.data.spans import SpanNotFound, assistant_spans
 from fsdp_workflow.data.tools import ToolsNotRendered, check_rendered, check_support, has_tool_calls, tool_call_spans
 from fsdp_workflow.data.templates import ChatTemplate
@@ -70,6 +80,7 @@ class FormatSpec:
     train_on: TrainOn
     add_eos: bool
     template: Optional[str]  # the resolved template text; None: plain concatenation
+    allow_no_user: bool = False  # data.allow_no_user: train answers that no user turn precedes
 
     def field(self, canonical: str) -> str:
         """The dataset's name for a canonical field (``data.fields``)."""
@@ -114,11 +125,19 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
     if raw is None and key == "messages":
         raw = record.get(SHAREGPT_KEY)
     if raw is None:
+        if is_preference(record):  # a field mapping would train the answers without their prompt
+            raise BadRecord(preference_advice(record, spec.format, spec.fields))
         raise BadRecord(f"no field {key!r} (nor ShareGPT {SHAREGPT_KEY!r}); fields: {sorted(record)[:12]}. "
                         "Map it with data.fields.messages")
     if not isinstance(raw, list) or not raw:
-        raise BadRecord(f"field {key!r} is not a non-empty list of messages")
+        raise BadRecord(f"field {key!r} is not a non-empty list of messages"
+                        + (f"; {preference_advice(record, spec.format, spec.fields)}"
+                           if is_preference(record) else ""))
     role_key, content_key = spec.field("role"), spec.field("content")
+    try:
+        raw = legacy_calls.convert(raw, role_key)
+    except MessageError as err:
+        raise BadRecord(str(err)) from err
     out: List[Dict[str, Any]] = []
     for n, m in enumerate(raw):
         if not isinstance(m, dict):
@@ -137,7 +156,8 @@ def _messages(record: Mapping[str, Any], spec: FormatSpec) -> List[Dict[str, Any
                 role, content, ckey = m[role_key], m.get(content_key), content_key
             if role not in ROLES:
                 raise BadRecord(f"message {n} has unknown role {role!r}; known: {', '.join(ROLES)} "
-                                "(ShareGPT: human, gpt, system, tool, observation, function_call)")
+                                "(ShareGPT: human, gpt, system, tool, observation, function_call; OpenAI's "
+                                "legacy: function)")
             message = normalise(m, role, content, n, ckey)
             if "weight" in m:
                 message["weight"] = _weight(m["weight"], n, role)
@@ -255,10 +275,11 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
     if spec.format == DataFormat.conversation:
         messages = _messages(rec, spec)
         try:
-            tools = record_tools(rec)
+            functions = legacy_calls.record_functions(rec)
+            tools = functions if functions is not None else record_tools(rec)
         except MessageError as err:
             raise BadRecord(str(err)) from err
-        return _templated(messages, spec, render, variables, tools)
+        return _templated(messages, spec, render, variables, tools, rec)
     else:
         history: List[Dict[str, Any]] = []  # alpaca's earlier turns
         if spec.format == DataFormat.prompt_completion:
@@ -266,7 +287,9 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
             if isinstance(prompt_raw, list) and isinstance(completion_raw, list):  # conversational prompt/completion
                 messages = _messages({spec.field("messages"): prompt_raw + completion_raw,
                                       spec.field("system"): system}, spec)
-                return _templated(messages, spec, render, variables)
+                return _templated(messages, spec, render, variables, record=rec)
+            if completion_raw is None and is_preference(rec):
+                raise BadRecord(preference_advice(rec, spec.format, spec.fields))
             prompt = _get_str(rec, spec.field("prompt"), "prompt")
             answer = _get_str(rec, spec.field("completion"), "completion")
             user = prompt
@@ -284,6 +307,10 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
                                 "as earlier turns of the conversation")
         if not answer.strip():
             raise BadRecord("empty " + ("completion" if spec.format == DataFormat.prompt_completion else "output"))
+        if render is None and not user.strip() and not spec.allow_no_user:
+            what = "prompt" if spec.format == DataFormat.prompt_completion else "instruction and input"
+            raise BadRecord(f"empty {what}: the answer would be trained as an answer to no question. "
+                            + _no_user_fix(rec, spec))
         if render is None:
             text = prompt + answer
             if spec.train_on == TrainOn.all:
@@ -292,13 +319,37 @@ def to_document(record: Any, spec: FormatSpec, render: Optional[ChatTemplate],
         messages = [*history, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         if isinstance(system, str) and system.strip():
             messages.insert(0, {"role": "system", "content": system})
-    return _templated(messages, spec, render, variables)
+    return _templated(messages, spec, render, variables, record=rec)
+
+
+def _no_user_fix(record: Mapping[str, Any], spec: FormatSpec) -> str:
+    if is_preference(record):
+        return preference_advice(record, spec.format, spec.fields)
+    return ("Give the record its question (a user turn, a prompt), or set data.allow_no_user=true if answers "
+            "without one are meant (e.g. a system prompt and its answer)")
+
+
+def _refuse_unasked(messages: List[Dict[str, Any]], weights: List[int], spec: FormatSpec,
+                    record: Mapping[str, Any]) -> None:
+    """Refuse a trained assistant turn that no (non-empty) user turn precedes, unless data.allow_no_user."""
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    trained = answers if spec.train_on == TrainOn.all else [i for i, w in zip(answers, weights) if w]
+    if spec.allow_no_user or not trained:
+        return
+    first = trained[-1] if spec.train_on == TrainOn.last_assistant else trained[0]
+    if any(m["role"] == "user" and m["content"].strip() for m in messages[:first]):
+        return
+    said = messages[first]["content"].strip() or f"a call to {call_names(messages[first])[0]}"
+    raise BadRecord(f"no user turn before the assistant turn {said!r:.60}: it would be trained as an answer to "
+                    f"no question. {_no_user_fix(record, spec)}")
 
 
 def _templated(messages: List[Dict[str, Any]], spec: FormatSpec, render: Optional[ChatTemplate],
-               variables: Mapping[str, Any], tools: Optional[List[Any]] = None) -> Document:
+               variables: Mapping[str, Any], tools: Optional[List[Any]] = None,
+               record: Optional[Mapping[str, Any]] = None) -> Document:
     assert render is not None, "a chat format without a template is refused before the workers start"
     weights = [m.pop("weight", 1) for m in messages if m["role"] == "assistant"]  # not the template's to read
+    _refuse_unasked(messages, weights, spec, record or {})
     text, spans = conversation_spans(messages, render, variables, tools)
     if spec.train_on == TrainOn.all:
         return Document(text, [(0, len(text))], False, False)

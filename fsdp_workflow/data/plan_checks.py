@@ -124,6 +124,10 @@ def check_data_format(cfg: WorkflowConfig, r: ValidationReport) -> None:
     if all(f == DataFormat.text for f in formats) and d.train_on != TrainOn.assistant:
         r.error("data.train_on", d.train_on, "data.format=text trains every token; train_on chooses among "
                 "the turns of conversations, completions and outputs", "remove data.train_on, or another format")
+    if all(f == DataFormat.text for f in formats) and d.allow_no_user:
+        r.error("data.allow_no_user", True, "data.format=text has no turns: every token is trained, asked or not",
+                "data.allow_no_user=false (the default), or a format with answers: conversation, "
+                "prompt_completion, alpaca")
     if DataFormat.prompt_completion in formats and d.train_on == TrainOn.last_assistant and \
             DataFormat.conversation not in formats:
         r.warn("data.train_on", d.train_on, "a prompt/completion pair has one completion: the same as assistant",

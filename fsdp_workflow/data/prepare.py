@@ -119,6 +119,8 @@ def cache_key(cfg: WorkflowConfig, files: Sequence[str], eval_files: Sequence[st
         "eval_fraction": d.eval_fraction if not d.eval_path else None,
         "seed": d.seed,
     }
+    if d.allow_no_user:  # only when set: the keys of caches prepared before it existed stay valid
+        parts["allow_no_user"] = True
     if mixture is not None:
         parts["sources"] = [{"name": s.name, "source": s.source.value, "format": s.format.value,
                              "text_field": s.text_field, "fields": dict(sorted(s.fields.items())),
@@ -328,7 +330,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
 
     def spec_for(fmt: DataFormat, text_field: str, fields: Dict[str, str], reader: DataSource) -> EncodeSpec:
         fs = FormatSpec(fmt, text_field, dict(fields), d.train_on, d.add_eos,
-                        template if format_needs_template(fmt, d.chat_template) else None)
+                        template if format_needs_template(fmt, d.chat_template) else None, d.allow_no_user)
         return EncodeSpec(cfg.model, fs, reader == DataSource.jsonl, cfg.train.seq_len, d.overlong)
 
     read = [_read_split(src.source, fs, src.key, spec_for(src.format, src.text_field, src.fields, src.source),

@@ -87,6 +87,7 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     (["data.format=conversation"], "data.format"),  # plain text files have no fields
     (["data.chat_template=chatml"], "data.chat_template"),  # format=text applies no template
     (["data.train_on=last_assistant"], "data.train_on"),  # format=text trains every token
+    (["data.allow_no_user=true"], "data.allow_no_user"),  # format=text has no turns: a dead knob
     (["data=smoke_chat", "+data.fields.turns=dialog"], "data.fields"),  # not a canonical field name
     (["data=smoke_chat", "data.text_field=body"], "data.text_field"),  # conversations read data.fields
     (["data=synthetic", "data.format=conversation"], "data.format"),
