@@ -4,6 +4,7 @@
     python -m fsdp_workflow +experiment=llama8b_fft cluster.partition=gpu
     python -m fsdp_workflow +experiment=smoke dry_run=true run_dir=/tmp/plan
     python -m fsdp_workflow --help | --cfg job | -m train.micro_batch_size=1,2
+    python -m fsdp_workflow --version                    # the libraries installed, and whether they are the tested ones
 
 Exit codes: 0 success, 2 invalid config (nothing was written or submitted),
 75 stopped on a signal after checkpointing, anything else a failure
@@ -445,7 +446,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     _existing_dirs.clear()
     _sweep_codes.clear()
     _sweep_dir = _num_points = None
-    normalized = normalize_overrides(list(sys.argv[1:] if argv is None else argv))
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in == ["--version"]:
+        from fsdp_workflow.core.versions import report
+
+        print(report())
+        return
+    normalized = normalize_overrides(args_in)
     unknown = override_key_issues(normalized)
     if unknown and _is_flagged(normalized):  # no single task to report them with: before Hydra
         print(f"fsdp_workflow: invalid config\n{ConfigError(unknown)}", file=sys.stderr)

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Install fsdp_workflow and everything its test suite needs, on a fresh machine.
+# Install fsdp_workflow and everything its test suite needs, on a fresh machine: the tested set.
 #
 #   bash tools/install.sh
 #
-# - PyTorch: if torch is not importable yet, install torch==2.13.0. On CPU-only
-#   machines (no nvidia-smi) that is the CPU build; on GPU machines pip picks
-#   the CUDA build. Set FSDP_WORKFLOW_TORCH_SPEC to choose another, e.g.
-#   FSDP_WORKFLOW_TORCH_SPEC='torch==2.13.0' or '' to keep what you have.
+# - The lock: every package is installed at the version the suite passed with
+#   (requirements/cpu.txt, or requirements/cuda.txt where nvidia-smi answers: the
+#   CUDA torch the GPU checks ran). FSDP_WORKFLOW_LOCK=cpu|cuda chooses; =none installs
+#   the newest versions pyproject.toml's ranges allow (what tools/check_newest.sh tries).
+#   docs/contributing.md, "Dependencies", says how the lock moves.
+# - PyTorch first, from the lock: on CPU-only machines torch==2.13.0 is the CPU build
+#   (a local file on the CI machines; an unpinned torch would pull a multi-GB CUDA build).
+#   FSDP_WORKFLOW_TORCH_SPEC chooses another spec, or '' to keep the torch you have
+#   (then the lock applies to the rest only).
 # - The project, editable, with its test extras.
 # - As root with apt-get (CI, test machines): the Debian packages the tests run
 #   for real: slurm-wlm, slurmdbd, munge and mariadb-server (a local Slurm
@@ -30,11 +35,27 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${FSDP_WORKFLOW_SKI
     fi
 fi
 
-torch_spec="${FSDP_WORKFLOW_TORCH_SPEC-torch==2.13.0}"
-if ! "$PY" -c "import torch" 2>/dev/null && [ -n "$torch_spec" ]; then
-    echo "[install] pip install $torch_spec" >&2
-    "$PY" -m pip install -q "$torch_spec"
+lock="${FSDP_WORKFLOW_LOCK:-}"
+if [ -z "$lock" ]; then
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then lock=cuda; else lock=cpu; fi
 fi
-echo "[install] pip install -e .[dev]" >&2
-"$PY" -m pip install -q -e ".[dev]"
-"$PY" -c "import fsdp_workflow, torch, transformers, accelerate, hydra, submitit; print('[install] ok: torch', torch.__version__)"
+constraints=()
+case "$lock" in
+    cpu|cuda) constraints=(-c "requirements/$lock.txt") ;;
+    none) ;;
+    *) echo "[install] FSDP_WORKFLOW_LOCK=$lock: expected cpu, cuda or none" >&2; exit 2 ;;
+esac
+default_torch="torch==$(sed -n 's/^torch==//p' "requirements/${lock/none/cpu}.txt")"
+torch_spec="${FSDP_WORKFLOW_TORCH_SPEC-$default_torch}"
+if [ -n "$torch_spec" ]; then
+    echo "[install] pip install $torch_spec (lock: $lock)" >&2
+    "$PY" -m pip install -q "${constraints[@]}" "$torch_spec"
+elif [ "$lock" != none ]; then
+    # keep the torch that is installed: the lock's other pins still apply
+    sed '/^torch==/d' "requirements/$lock.txt" > "${TMPDIR:-/tmp}/fsdp_workflow-lock-$$.txt"
+    sed -i "s#^-c common.txt#-c $PWD/requirements/common.txt#" "${TMPDIR:-/tmp}/fsdp_workflow-lock-$$.txt"
+    constraints=(-c "${TMPDIR:-/tmp}/fsdp_workflow-lock-$$.txt")
+fi
+echo "[install] pip install -e .[dev] (lock: $lock)" >&2
+"$PY" -m pip install -q "${constraints[@]}" -e ".[dev]"
+"$PY" -m fsdp_workflow --version >&2

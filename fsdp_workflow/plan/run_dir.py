@@ -48,6 +48,7 @@ from fsdp_workflow.core.rundir import (
     atomic_write_json,
     atomic_write_text,
 )
+from fsdp_workflow.core.versions import installed
 from fsdp_workflow.plan.inputs import changed_inputs, fingerprint_inputs
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.render import render_launch_env
@@ -359,6 +360,7 @@ def write_run_dir(cfg: WorkflowConfig, backend: "Backend", command: Optional[Seq
         "inputs": inputs,  # the data files' and model directory's fingerprints (plan.inputs)
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.executable,
+        "versions": installed(),  # the planning environment's libraries (the trainer's: train_exit.json)
         "files": sorted([layout.config.name, layout.launch_env.name, *scripts]),
     })
     return plan

@@ -53,6 +53,7 @@ from fsdp_workflow.core.exit_codes import (EXIT_DISK_FULL, EXIT_NONFINITE, EXIT_
                                            EXIT_USAGE)
 from fsdp_workflow.core.logs import setup_logging
 from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_text
+from fsdp_workflow.core.versions import installed
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel, strategies
 from fsdp_workflow.train.activation_checkpointing import compile_unit, compile_units
@@ -600,7 +601,8 @@ def record_exit(run: RunDir, outcome: Outcome, announce: bool = True) -> None:
     """
     checkpoint = str(run.step_dir(outcome.last_saved)) if outcome.last_saved is not None else None
     atomic_write_json(run.train_exit, {"exit_code": outcome.exit_code, "reason": outcome.reason,
-                                       "step": outcome.step, "checkpoint": checkpoint})
+                                       "step": outcome.step, "checkpoint": checkpoint,
+                                       "versions": installed()})  # the libraries that trained (the model card's)
     if outcome.exit_code == EXIT_REQUEUE:
         # The job script requeues only when this marker exists.
         atomic_write_text(run.requeue_marker, f"step {outcome.step}\n")
