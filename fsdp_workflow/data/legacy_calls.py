@@ -125,8 +125,8 @@ def _result(m: Dict[str, Any], n: int, role: Any, role_key: str, pending: List[D
         (pending[0] if pending else None)
     if match is None and role == "function" and not any_call:
         raise MessageError(f"{_where(n, role)}: a result of {name!r} ({LEGACY}), but no assistant message before "
-                           "it calls a function (function_call or tool_calls): the result would be trained on as "
-                           "an answer to a call that is not there. Add the call, or leave the record out")
+                           "it calls a function (function_call or tool_calls): the conversation would answer a "
+                           "call that is not there. Add the call, or leave the record out")
     out = {**m, role_key: "tool"}
     if match is not None:
         pending.remove(match)
@@ -141,10 +141,10 @@ def record_functions(record: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
     Raises:
         MessageError: ``functions`` is not a list of function schemas, or the record has ``tools`` too.
     """
-    functions = record.get("functions")
-    if functions is None or functions == []:
+    functions, tools = record.get("functions"), record.get("tools")
+    if functions is None or isinstance(functions, list) and not functions:
         return None
-    if record.get("tools"):
+    if tools is not None and not (isinstance(tools, (list, str)) and not tools):
         raise MessageError(f"both tools and functions ({LEGACY}); give the schemas once, as tools")
     if not isinstance(functions, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
                                                   for f in functions):

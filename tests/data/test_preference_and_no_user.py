@@ -21,7 +21,7 @@ import pytest
 
 from fsdp_workflow.config.schema import DataFormat, TrainOn
 from fsdp_workflow.data.cache import IGNORE_INDEX, LABELS, TOKENS
-from fsdp_workflow.data.formats import FormatSpec, to_document, BadRecord
+from fsdp_workflow.data.formats import BadRecord, FormatSpec, to_document
 from fsdp_workflow.data.prepare import main as prepare_main
 from fsdp_workflow.data.templates import CHATML, ChatTemplate
 
@@ -170,8 +170,8 @@ def test_implicit_prompt_preference_data_is_routed_to_its_conversations() -> Non
            "rejected": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Go away."}]}
     with pytest.raises(BadRecord, match=r"preference data .*not built yet.*: \+data\.fields\.messages=chosen$"):
         _doc(rec)
-    doc = FormatSpec(DataFormat.conversation, "text", {"messages": "chosen"}, TrainOn.assistant, True, CHATML)
-    out = to_document(rec, doc, ChatTemplate(CHATML), {})
+    mapped = FormatSpec(DataFormat.conversation, "text", {"messages": "chosen"}, TrainOn.assistant, True, CHATML)
+    out = to_document(rec, mapped, ChatTemplate(CHATML), {})
     assert "Hi?" in out.text and "Hello." in "".join(out.text[a:b] for a, b in out.spans)
 
 
