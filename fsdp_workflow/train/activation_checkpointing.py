@@ -208,3 +208,26 @@ def compile_unit(unit: nn.Module, **options: Any) -> None:
     if hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
         config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     unit.forward = torch.compile(unit.forward, **options)  # type: ignore[method-assign]
+
+
+def graph_break_summary() -> str | None:
+    """What ``torch.compile`` broke so far in this process, one line (None: no graph break).
+
+    A break inside a compiled decoder layer splits it into eager regions: the ``ops``
+    policy then no longer sees the layer's ops, and compile's gain shrinks. A library
+    release can bring one without a word (transformers 5.25 did), so the trainer logs
+    this after its first step instead of running slower in silence.
+    """
+    from torch._dynamo.utils import counters
+
+    breaks = counters.get("graph_break") or {}
+    if not breaks:
+        return None
+    reasons = sorted(breaks.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{n} x {reason.splitlines()[0][:160]}" for reason, n in reasons[:3])
+    more = f" (and {len(reasons) - 3} more reasons)" if len(reasons) > 3 else ""
+    return (f"torch.compile broke the compiled layers' graphs {sum(breaks.values())} time(s): {shown}{more}. "
+            "The layers run as eager regions between the breaks (slower; activation_checkpointing=ops no longer "
+            "applies inside them). `python -m fsdp_workflow --version` shows whether the libraries are the tested "
+            "ones; TORCH_LOGS=graph_breaks shows where")
+

@@ -56,7 +56,7 @@ from fsdp_workflow.core.rundir import RunDir, atomic_write_json, atomic_write_te
 from fsdp_workflow.core.versions import installed
 from fsdp_workflow.train import model as model_lib
 from fsdp_workflow.train import parallel, strategies
-from fsdp_workflow.train.activation_checkpointing import compile_unit, compile_units
+from fsdp_workflow.train.activation_checkpointing import compile_unit, compile_units, graph_break_summary
 from fsdp_workflow.train.assets import save_hf_assets
 from fsdp_workflow.train import fault_hooks, float8, trackers, ulysses
 from fsdp_workflow.train.checkpoint import CheckpointDir, Checkpointer, CheckpointSaveError
@@ -406,6 +406,7 @@ def train(s: Session, resumed: bool) -> Outcome:
         s.checkpointer.save(step, parts, blocking=blocking)
     last_saved = s.rng.step if resumed else None
     every = cfg.checkpoint.every_steps
+    first_step = s.rng.step
     s.trainee.prepared.model.train()
     while s.rng.step < cfg.train.max_steps:
         s.beat.step = s.rng.step
@@ -427,6 +428,10 @@ def train(s: Session, resumed: bool) -> Outcome:
         if cfg.train.eval_every_steps and s.held_out is not None and step % cfg.train.eval_every_steps == 0:
             record["eval_loss"] = evaluate(s)
         s.log.log(record)
+        if cfg.train.compile and step == first_step + 1:
+            summary = graph_break_summary()
+            if summary:
+                logger.warning(summary)
         s.checkpointer.poll()
         if stop:
             if last_saved != step:

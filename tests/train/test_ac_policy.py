@@ -117,3 +117,28 @@ def test_ops_policy_applies_under_compile(baseline: Counter) -> None:
     ops = backward_ops(AC.ops, compiled=True)
     assert matmuls(ops) - matmuls(baseline) == Counter({Q_O: LAYERS, K_V: LAYERS, GATE_UP: LAYERS}), ops
     assert ops[SDPA] == 0
+
+
+def test_a_graph_break_is_summarised_for_the_log() -> None:
+    """What the trainer logs after its first compiled step: nothing when the layers compiled whole
+    (the test above, fullgraph), the break and its reason when one did not."""
+    from fsdp_workflow.train.activation_checkpointing import graph_break_summary
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    layer = torch.nn.Linear(4, 4)
+    compile_unit(layer, backend="aot_eager")
+    layer(torch.ones(2, 4))
+    assert graph_break_summary() is None
+
+    class Breaks(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch._dynamo.graph_break()
+            return x * 2
+
+    unit = Breaks()
+    compile_unit(unit, backend="aot_eager")
+    unit(torch.ones(2))
+    summary = graph_break_summary()
+    assert summary is not None and "1 time(s)" in summary and "graph_break" in summary, summary
+    torch._dynamo.utils.counters.clear()

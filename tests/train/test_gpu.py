@@ -1,6 +1,12 @@
 """GPU: FSDP2 through Accelerate on one GPU under torchrun, bf16, checkpoint, resume, consolidate.
 
 Skipped without CUDA. Run on a GPU machine with ``python -m pytest tests/train/test_gpu.py -s``.
+
+The versions it needs are the GPU lock's, ``requirements/cuda.txt`` (``bash tools/install.sh`` installs
+them where ``nvidia-smi`` answers): torch 2.11.0 (CUDA 13.0 build), the libraries of
+``requirements/common.txt``, inside pyproject.toml's ranges. It last passed on one H100 with torch
+2.11.0+cu130, transformers 5.17 and accelerate 1.15 (docs/training.md); with the lock's transformers 5.25
+and accelerate 1.16 it is owed. The first test fails, naming each library, when the machine has others.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 GPU = ["cluster.device=cuda", "cluster.processes_per_node=1", "train.mixed_precision=bf16",
        "train.max_steps=20", "checkpoint.every_steps=10", "checkpoint.keep_last=0", "optimizer.lr=3e-3"]
+
+
+def test_the_gpu_machine_runs_the_tested_set() -> None:
+    from fsdp_workflow.core.versions import installed, outside_tested
+
+    print("GPU check with:", ", ".join(f"{k} {v}" for k, v in installed().items() if v))
+    assert outside_tested() == [], "install the GPU lock: bash tools/install.sh (requirements/cuda.txt)"
 
 
 @pytest.fixture(scope="module")

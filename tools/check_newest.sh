@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Drift, seen the day it happens: install the newest releases into a fresh virtual environment
+# and run the tests of the library seams (tools/seam_tests.txt) there.
+#
+#   bash tools/check_newest.sh               # the newest versions pyproject.toml's ranges allow
+#   bash tools/check_newest.sh --unbounded   # the newest releases of the libraries, past our upper bounds
+#   bash tools/check_newest.sh --oldest      # every lower bound of pyproject.toml (are they still true?)
+#   bash tools/check_newest.sh --venv DIR    # where to build it (default: $TMPDIR/fsdp_workflow-check)
+#
+# It prints which packages moved against the lock (requirements/common.txt), then the seam tests'
+# result, and ends with one line: which package moved and which tests broke, or that all passed.
+# Exit code: pytest's (0: the seam tests pass with these versions). The lock is not touched:
+# docs/contributing.md ("Dependencies") says how to move it once this passes.
+#
+# torch stays at the lock's build on a CPU machine (requirements/cpu.txt: the CPU wheel on
+# disk; a newer torch from PyPI is a multi-GB CUDA build): FSDP_WORKFLOW_TORCH_SPEC overrides.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+PY="${PYTHON:-python3}"
+mode=ranges
+venv="${TMPDIR:-/tmp}/fsdp_workflow-check"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --unbounded) mode=unbounded ;;
+        --oldest) mode=oldest ;;
+        --venv) venv="$2"; shift ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        *) echo "check_newest: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+# the libraries whose releases change what a run does (fsdp_workflow/core/versions.py), and theirs
+SEAM_LIBS=(transformers accelerate safetensors tokenizers huggingface_hub kernels datasets hydra-core submitit)
+
+echo "[check] fresh virtual environment $venv ($mode)" >&2
+rm -rf "$venv"
+"$PY" -m venv "$venv"
+V="$venv/bin/python"
+"$V" -m pip install -q --disable-pip-version-check "${FSDP_WORKFLOW_TORCH_SPEC:-torch==$(sed -n 's/^torch==//p' requirements/cpu.txt)}"
+
+case "$mode" in
+    ranges)
+        "$V" -m pip install -q --disable-pip-version-check -e ".[dev]" ;;
+    unbounded)
+        "$V" -m pip install -q --disable-pip-version-check -e ".[dev]"
+        # past our upper bounds on purpose: pip reports the conflict with fsdp_workflow's ranges
+        "$V" -m pip install -q --disable-pip-version-check --upgrade "${SEAM_LIBS[@]}" || true ;;
+    oldest)
+        # each requirement's lower bound, pinned (torch aside: kept at the installed build)
+        "$V" - "$ROOT/pyproject.toml" > "$venv/oldest.txt" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+for req in re.findall(r'"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*(>=[^"]*)"', text):
+    name, spec = req
+    low = re.match(r">=\s*([0-9][^,;\s]*)", spec)
+    if low and name.lower() not in ("torch", "setuptools", "wandb", "trackio", "deepspeed", "torchao"):
+        print(f"{name}=={low.group(1)}")
+EOF
+        echo "[check] lower bounds: $(tr '\n' ' ' < "$venv/oldest.txt")" >&2
+        "$V" -m pip install -q --disable-pip-version-check -c "$venv/oldest.txt" -e ".[dev]" ;;
+esac
+
+# What moved against the lock
+"$V" -m pip freeze --exclude-editable 2>/dev/null | sed 's/[-_.]\+/-/g; s/.*/\L&/' | sort > "$venv/freeze.txt"
+grep -v '^#' requirements/common.txt | sed 's/[-_.]\+/-/g; s/.*/\L&/' | sort > "$venv/lock.txt"
+moved=$(join -t= -j1 <(sed 's/==/=/' "$venv/lock.txt") <(sed 's/==/=/' "$venv/freeze.txt") \
+        | awk -F= '$2 != $3 {print $1" "$2" -> "$3}')
+seam_moved=""
+for lib in "${SEAM_LIBS[@]}" torch; do
+    key=$(echo "$lib" | sed 's/[-_.]\+/-/g' | tr 'A-Z' 'a-z')
+    line=$(echo "$moved" | grep "^$key " || true)
+    [ -n "$line" ] && seam_moved="$seam_moved${seam_moved:+, }$line"
+done
+echo "[check] moved against requirements/common.txt:" >&2
+echo "${moved:-  nothing}" | sed 's/^/  /' >&2
+"$V" -m fsdp_workflow --version >&2 || true
+
+# The seam tests
+mapfile -t tests < <(grep -v '^\s*#' tools/seam_tests.txt | sed '/^\s*$/d')
+set +e
+FSDP_WORKFLOW_UNLOCKED=1 "$V" -m pytest -p no:cacheprovider -q -rf --durations=0 "${tests[@]}" \
+    2>&1 | tee "$venv/pytest.txt" | grep -E "^(FAILED|ERROR)|passed|failed" >&2
+rc=${PIPESTATUS[0]}
+set -e
+failed=$(grep -E "^(FAILED|ERROR) " "$venv/pytest.txt" | sed 's/ - .*//' | awk '{print $2}' | tr '\n' ' ')
+if [ "$rc" = 0 ]; then
+    echo "[check] $mode: the seam tests pass (seam libraries moved: ${seam_moved:-none})"
+else
+    echo "[check] $mode: seam tests FAILED with ${seam_moved:-no seam library moved}: ${failed:-pytest exit $rc} (log: $venv/pytest.txt)"
+fi
+exit "$rc"
