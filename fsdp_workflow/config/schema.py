@@ -278,7 +278,12 @@ class DataConfig:
     format: DataFormat = DataFormat.text  # what a record holds, hence what is trained (see TrainOn)
     text_field: str = "text"  # JSONL/Parquet/HF column holding the text (format=text)
     fields: Dict[str, str] = field(default_factory=dict)  # canonical name (DATA_FIELDS) -> the dataset's field name
-    chat_template: Optional[str] = None  # None: the tokenizer's own; a shipped name (chatml) or a Jinja template
+    # The template to train with, named by the user (command line or their own experiment): a shipped name
+    # (chatml), a Jinja template or a .jinja file. None: the model directory's own (its tokenizer's).
+    chat_template: Optional[str] = None
+    # The template for a tokenizer with none of its own (the tiny models' byte-level one): what shipped
+    # experiments name. A directory's own template, and data.chat_template, win over it (docs/data.md).
+    fallback_chat_template: Optional[str] = None
     train_on: TrainOn = TrainOn.assistant  # which tokens carry loss (format=text trains all)
     on_bad_record: OnBadRecord = OnBadRecord.fail  # a record lacking fields, with an unknown role or an empty answer
     # Train answers that no user turn precedes (system + assistant, an empty prompt); false: such a record is bad

@@ -23,6 +23,7 @@ from fsdp_workflow.config.schema import (
 )
 from fsdp_workflow.data.mixture import Source, resolve_sources
 from fsdp_workflow.data.rules_mixture import check_sources
+from fsdp_workflow.data.template_markers import check_template_markers
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from fsdp_workflow.data.tokenizer import tokenizer_source  # imports transformers only when loading
 
@@ -49,27 +50,34 @@ def tokenizer_has_template(directory: str) -> Optional[bool]:
         return False
 
 
+def _check_template_value(cfg: WorkflowConfig, r: ValidationReport, key: str, value: str) -> None:
+    """``data.chat_template`` or ``data.fallback_chat_template`` names something that exists."""
+    if value.endswith(".jinja"):
+        if not os.path.isfile(value):
+            hard = cfg.cluster.kind == ClusterKind.local and not cfg.dry_run
+            (r.error if hard else r.warn)(
+                key, value, "no such template file" + ("" if hard else " here (fine if it exists on the cluster)"),
+                f"{key}=/absolute/path/to/template.jinja")
+    elif not is_inline_template(value) and value not in SHIPPED_TEMPLATES:
+        r.error(key, value, "neither a shipped template, a .jinja file nor a Jinja template",
+                f"one of {', '.join(sorted(SHIPPED_TEMPLATES))}, a path to a .jinja file, a template string, or "
+                "null for the tokenizer's own")
+
+
 def _check_template(cfg: WorkflowConfig, r: ValidationReport, formats: List[DataFormat]) -> None:
     d = cfg.data
     uses_template = DataFormat.conversation in formats
+    if d.fallback_chat_template:
+        _check_template_value(cfg, r, "data.fallback_chat_template", d.fallback_chat_template)
     if d.chat_template is not None:
         if all(f == DataFormat.text for f in formats):
             r.error("data.chat_template", d.chat_template, "data.format=text reads plain text: no template applies",
                     "data.chat_template=null, or data.format=conversation")
-        elif d.chat_template.endswith(".jinja"):
-            if not os.path.isfile(d.chat_template):
-                hard = cfg.cluster.kind == ClusterKind.local and not cfg.dry_run
-                (r.error if hard else r.warn)(
-                    "data.chat_template", d.chat_template,
-                    "no such template file" + ("" if hard else " here (fine if it exists on the cluster)"),
-                    "data.chat_template=/absolute/path/to/template.jinja")
-        elif not is_inline_template(d.chat_template) and d.chat_template not in SHIPPED_TEMPLATES:
-            r.error("data.chat_template", d.chat_template, "neither a shipped template, a .jinja file nor a "
-                    "Jinja template", f"one of {', '.join(sorted(SHIPPED_TEMPLATES))}, a path to a .jinja file, "
-                    "a template string, or null for the tokenizer's own")
+        else:
+            _check_template_value(cfg, r, "data.chat_template", d.chat_template)
         return
-    if not uses_template:
-        return
+    if not uses_template or d.fallback_chat_template:
+        return  # a tokenizer without a template of its own gets the fallback (template_markers names which)
     directory = tokenizer_source(cfg.model)
     fix = f"data.chat_template={sorted(SHIPPED_TEMPLATES)[0]} (or a Jinja template string)"
     if directory is None:
@@ -222,3 +230,4 @@ def check_vocab_fits(cfg: WorkflowConfig, r: ValidationReport) -> None:
 
 
 RULES.append(check_vocab_fits)
+RULES.append(check_template_markers)

@@ -41,7 +41,7 @@ from fsdp_workflow.data.formats import FIELD_PROBLEMS, FormatSpec
 from fsdp_workflow.data.mixture import Source, document_counts, is_mixture, resolve_sources, select
 from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
-from fsdp_workflow.data.templates import TemplateError, resolve_template
+from fsdp_workflow.data.templates import TemplateError, choose_template
 from fsdp_workflow.data.tokenizer import load_tokenizer, tokenizer_source
 from fsdp_workflow.data.workers import WorkerDied, ordered_map
 
@@ -309,8 +309,9 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     tokenizer = load_tokenizer(cfg.model)
     check_vocab(cfg, len(tokenizer))
     tok_src = tokenizer_source(cfg.model) or "byte-level"
-    template = (resolve_template(d.chat_template, getattr(tokenizer, "chat_template", None), tok_src)
-                if needs_template(cfg) else None)
+    choice = (choose_template(d.chat_template, d.fallback_chat_template, getattr(tokenizer, "chat_template", None),
+                              tok_src) if needs_template(cfg) else None)
+    template = choice.text if choice is not None else None
     tok_id = tokenizer_identity(cfg)
     key = cache_key(cfg, files, eval_files, tok_id, template, per_files if is_mixture(d) else None)
     root = cache_root(cfg)
@@ -364,7 +365,8 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
             "source": d.source.value, "format": d.format.value, "train_on": d.train_on.value,
             "overlong": d.overlong.value, "tokenizer": tok_src, "tokenizer_sha256": tok_id,
             "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
-            "chat_template": template, "files": files, "eval_files": [str(f) for f in eval_files],
+            "chat_template": template, "chat_template_name": choice.label if choice else None,
+            "chat_template_key": choice.key if choice else None, "files": files, "eval_files": [str(f) for f in eval_files],
             "source_files": source_files, "mixture": is_mixture(d), "sources": plan.rows,
             "workers": workers, "seconds": round(time.monotonic() - t0, 3),
         }

@@ -2,9 +2,14 @@
 
 ``data.chat_template`` is one of:
 
-- unset: the tokenizer's own ``chat_template``;
+- unset: the tokenizer's own ``chat_template`` (the model directory is the truth);
 - a shipped name (:data:`SHIPPED_TEMPLATES`, e.g. ``chatml``);
 - a Jinja template string (it contains ``{{`` or ``{%``) or the path of a ``.jinja`` file.
+
+``data.fallback_chat_template`` (the same kinds of value) is what a shipped experiment
+names: it applies only when ``data.chat_template`` is unset and the tokenizer has no
+template of its own (:func:`choose_template`). Whichever trains is what ``hf_model/``
+ships (:mod:`fsdp_workflow.train.assets`).
 
 Every conversation is rendered once. Where the template marks assistant turns
 with ``{% generation %}`` (the shipped ones do), the trained characters are
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -67,27 +73,63 @@ def is_template_text(value: str) -> bool:
     return "{{" in value or "{%" in value
 
 
-def resolve_template(value: Optional[str], tokenizer_template: Optional[str], tokenizer_name: str) -> str:
-    """The template text ``data.chat_template`` stands for.
+@dataclass(frozen=True)
+class TemplateChoice:
+    """The template a run trains with, and where it came from (for notes, the cache's meta and the card)."""
+
+    text: str  # the Jinja template
+    key: Optional[str]  # "data.chat_template" or "data.fallback_chat_template"; None: the tokenizer's own
+    label: str  # how it is named to a user: "chatml", "the tokenizer's own (DIR)", "a Jinja template"
+
+
+def template_label(value: str) -> str:
+    """How a configured template is named: its shipped name, its file, or "a Jinja template"."""
+    if value in SHIPPED_TEMPLATES or not is_template_text(value):
+        return value
+    return "a Jinja template"
+
+
+def choose_template(value: Optional[str], fallback: Optional[str], tokenizer_template: Optional[str],
+                    tokenizer_name: str) -> TemplateChoice:
+    """The template that trains: ``data.chat_template``, else the tokenizer's own, else the fallback.
+
+    The model directory is the truth: a shipped experiment's template is only a
+    fallback (``data.fallback_chat_template``) for a tokenizer without one; what the
+    user names (``data.chat_template``) wins over both.
 
     Args:
         value: ``data.chat_template``.
+        fallback: ``data.fallback_chat_template``.
         tokenizer_template: the tokenizer's own ``chat_template`` (None when it has none).
         tokenizer_name: the tokenizer's directory or ``byte-level``, for the message.
 
     Returns:
-        The Jinja template text.
+        The choice: its text, the key that named it (None: the tokenizer's own), its label.
 
     Raises:
-        TemplateError: no template can be found; the message lists the shipped names.
+        TemplateError: no template can be found, or a name names nothing; the message lists the shipped names.
     """
-    shipped = ", ".join(sorted(SHIPPED_TEMPLATES))
-    if value is None or value == "":
-        if isinstance(tokenizer_template, str) and tokenizer_template.strip():
-            return tokenizer_template
-        raise TemplateError(
-            f"data.chat_template is unset and the tokenizer ({tokenizer_name}) has no chat template. "
-            f"Set data.chat_template to a shipped name ({shipped}), a Jinja template string, or a .jinja file.")
+    if value:
+        return TemplateChoice(_template_text(value, "data.chat_template"), "data.chat_template", template_label(value))
+    if isinstance(tokenizer_template, str) and tokenizer_template.strip():
+        return TemplateChoice(tokenizer_template, None, f"the tokenizer's own ({tokenizer_name})")
+    if fallback:
+        return TemplateChoice(_template_text(fallback, "data.fallback_chat_template"), "data.fallback_chat_template",
+                              template_label(fallback))
+    raise TemplateError(
+        f"data.chat_template is unset and the tokenizer ({tokenizer_name}) has no chat template. "
+        f"Set data.chat_template to a shipped name ({', '.join(sorted(SHIPPED_TEMPLATES))}), a Jinja template "
+        "string, or a .jinja file.")
+
+
+def resolve_template(value: Optional[str], tokenizer_template: Optional[str], tokenizer_name: str,
+                     fallback: Optional[str] = None) -> str:
+    """The template text that trains (:func:`choose_template`'s text)."""
+    return choose_template(value, fallback, tokenizer_template, tokenizer_name).text
+
+
+def _template_text(value: str, key: str) -> str:
+    """The Jinja text a configured value (``key``'s) stands for: a shipped name, Jinja itself, or a file."""
     if value in SHIPPED_TEMPLATES:
         return SHIPPED_TEMPLATES[value]
     if is_template_text(value):
@@ -96,8 +138,8 @@ def resolve_template(value: Optional[str], tokenizer_template: Optional[str], to
         with open(value, encoding="utf-8") as fh:
             return fh.read()
     raise TemplateError(
-        f"data.chat_template={value!r} is neither a shipped template ({shipped}), a Jinja template "
-        "(it holds no '{{' or '{%'), nor a file. Use one of those.")
+        f"{key}={value!r} is neither a shipped template ({', '.join(sorted(SHIPPED_TEMPLATES))}), a Jinja "
+        "template (it holds no '{{' or '{%'), nor a file. Use one of those.")
 
 
 class ChatTemplate:

@@ -44,6 +44,7 @@ from fsdp_workflow.core.modeldir import CARD_FILE, CURVE_FILE, VERIFICATION_FILE
 from fsdp_workflow.core.rundir import CONFIG_FILE, atomic_write_text
 from fsdp_workflow.report.curves import series_of
 from fsdp_workflow.report.plot import write_png
+from fsdp_workflow.report import run_sources
 from fsdp_workflow.report.run_sources import source_lines
 
 TAGS = ["fsdp_workflow"]
@@ -67,6 +68,7 @@ class RunFacts:
     held_out: dict[str, Any] | None = None  # evals.jsonl's ``ok`` record for step N
     provenance: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # one line per data source (report.sources)
+    chat_template: str | None = None  # the template the data was rendered with, named (None: none was)
 
 
 def consolidated_steps(source_dirs: Sequence[Path]) -> list[int]:
@@ -107,8 +109,9 @@ def read_run_facts(record: RunRecord, steps: Sequence[int]) -> RunFacts:
     Returns:
         The facts found; what cannot be read stays empty.
     """
+    meta = run_sources.cache_meta(record) or {}  # through the module: tests stand in for the cache
     facts = RunFacts(record.root, record.config, sorted(steps), provenance=record.provenance or {},
-                     sources=source_lines(record))
+                     sources=source_lines(record, meta), chat_template=_template_name(meta))
     if not steps:
         return facts
     last = max(steps)
@@ -287,6 +290,8 @@ def _training_rows(base: _Base, facts: RunFacts | None, cfg: WorkflowConfig | No
         rows.append(("training facts", "unknown (no fsdp_workflow run directory was named: --run-dir)"))
         return rows
     rows += _data_rows(cfg, facts.sources)
+    if facts.chat_template:
+        rows.append(("chat template", facts.chat_template))
     last = max(facts.steps) if facts.steps else None
     planned = f" of `train.max_steps={cfg.train.max_steps}`" if cfg is not None else ""
     rows.append(("steps trained", f"{last}{planned}" if last is not None else "unknown"))
@@ -340,6 +345,22 @@ def _data_rows(cfg: WorkflowConfig | None, sources: list[str]) -> list[tuple[str
     rows = [("data", "; ".join(parts))]
     rows += [("data source", line) for line in sources]
     return rows
+
+
+def _template_name(meta: Mapping[str, Any]) -> str | None:
+    """The card's name for the chat template that rendered the data, which the model ships (None: none did)."""
+    text = meta.get("chat_template")
+    if not isinstance(text, str) or not text:
+        return None
+    name, key = meta.get("chat_template_name"), meta.get("chat_template_key")
+    shipped = "; this model's tokenizer ships it (`chat_template.jinja`)"
+    if not isinstance(name, str) or not name:  # a cache prepared before the name was recorded
+        return "a Jinja template (the cache's `meta.json` holds it)" + shipped
+    if key == "data.fallback_chat_template":
+        return f"`{_code(name)}` (`data.fallback_chat_template`: the base tokenizer has none)" + shipped
+    if key == "data.chat_template":
+        return f"`{_code(name)}` (`data.chat_template`)" + shipped
+    return name.replace("the tokenizer's own", "the base model's own") + shipped
 
 
 def _procedure_rows(cfg: WorkflowConfig | None) -> list[tuple[str, str]]:

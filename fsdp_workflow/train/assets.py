@@ -4,10 +4,16 @@
 tokenizer files and, for a pretrained base, its licence files and README.md, so the consolidated model loads with ``from_pretrained`` and
 ``AutoTokenizer.from_pretrained``. Written into a temporary directory and
 renamed, so the consolidator never sees half of it.
+
+The tokenizer is saved with the chat template the data was rendered with (the
+prepared cache's ``meta.json``), so what trained is what ``hf_model/`` ships: the
+directory's own, the one ``data.chat_template`` names, or a template given to a
+tokenizer without one (``data.fallback_chat_template``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -56,7 +62,14 @@ def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], t
     finally:
         config.use_cache = use_cache
     (generation_config or GenerationConfig.from_model_config(config)).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    template = trained_template(run)
+    own = getattr(tokenizer, "chat_template", None)
+    if template is not None:
+        tokenizer.chat_template = template  # what trained ships, not the tokenizer's own
+    try:
+        tokenizer.save_pretrained(tmp)
+    finally:
+        tokenizer.chat_template = own
     base = Path(base_dir) if base_dir else None
     if base is not None and base.is_dir():
         for src in [*licence_files(base), base / CARD_FILE]:
@@ -67,3 +80,20 @@ def save_hf_assets(run: RunDir, config: Any, generation_config: Optional[Any], t
     os.replace(tmp, dest)
     rundir.fsync_dir(dest.parent)
     return dest
+
+
+def trained_template(run: RunDir) -> Optional[str]:
+    """The chat template the run's data was rendered with (its cache's ``meta.json``); None: none was.
+
+    None too for synthetic data, plain text, or a cache that cannot be read here (the
+    trainer has opened it already, so that does not happen in a run).
+    """
+    from fsdp_workflow.data.cache import META_FILE
+
+    try:
+        pointer = json.loads(run.data_pointer.read_text())
+        meta = json.loads((Path(pointer["cache"]) / META_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    template = meta.get("chat_template") if isinstance(meta, dict) else None
+    return template if isinstance(template, str) and template else None

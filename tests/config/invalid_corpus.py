@@ -82,7 +82,8 @@ INVALID_CASES: List[Tuple[List[str], str]] = [
     (["model.init=pretrained"], "model.name_or_path"),
     (["data=jsonl"], "data.path"),
     # data format (the base's data is the shipped plain-text corpus)
-    (["data=smoke_chat", "data.chat_template=null"], "data.chat_template"),  # byte-level tokenizer: no template
+    (["data=smoke_chat", "data.fallback_chat_template=null"], "data.chat_template"),  # byte-level tokenizer: none
+    (["data=smoke_chat", "data.fallback_chat_template=vicuna"], "data.fallback_chat_template"),  # names nothing
     (["data=smoke_chat", "data.chat_template=vicuna"], "data.chat_template"),  # not shipped, not Jinja
     (["data.format=conversation"], "data.format"),  # plain text files have no fields
     (["data.chat_template=chatml"], "data.chat_template"),  # format=text applies no template

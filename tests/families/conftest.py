@@ -63,11 +63,10 @@ def family_env() -> Dict[str, str]:
 
 
 def _cli(row: Replica, base: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    # A family with a stock template trains on it (smoke_chat names chatml for the tiny byte-level
-    # models, which have none); a base model without one is given chatml, as its user must.
-    template = "data.chat_template=null" if row.chat else "data.chat_template=chatml"
+    # The directory alone: a family with a stock template trains on it and ships it (smoke_chat's chatml is
+    # only data.fallback_chat_template); a base model without one trains on that fallback and ships it.
     argv = [sys.executable, "-m", "fsdp_workflow", "+experiment=smoke_chat", f"model.name_or_path={base}",
-            f"run_dir={run_dir}", template, *RUN, *row.run]
+            f"run_dir={run_dir}", *RUN, *row.run]
     return subprocess.run(argv, cwd=run_dir.parent, env=family_env(), capture_output=True, text=True, timeout=600)
 
 

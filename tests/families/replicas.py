@@ -41,9 +41,10 @@ SHAPE: Dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_l
 VOCAB_MULTIPLE = 128  # real vocabularies are padded past the tokenizer (Qwen: 151936 for 151665 tokens)
 TOKENIZER_VOCAB = 700  # BPE merges trained on the shipped corpus, plus the family's special tokens
 SEED = 0
-# A base model without a template of its own (the one make_tokenizer writes is removed): the run
-# names a shipped one, as its user must.
-NO_TEMPLATE = ChatFamily(template="Qwen-Qwen2.5-7B-Instruct.jinja", specials=("<|endoftext|>", "<|pad|>"), eos="<|endoftext|>", bos=None,
+# A base model without a template of its own (the one make_tokenizer writes is removed), whose
+# vocabulary holds chatml's markers (as Qwen's base models' do): smoke_chat's fallback, chatml,
+# trains and ships. A vocabulary without them is refused at planning (test_template_rule).
+NO_TEMPLATE = ChatFamily(template="Qwen-Qwen2.5-7B-Instruct.jinja", specials=("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"), eos="<|endoftext|>", bos=None,
                          open="<|im_start|>assistant\n", eot="<|im_end|>")
 HUB_TRANSFORMERS_VERSION = "4.51.3"  # what wrote the hub's config.json files of these families
 

@@ -24,7 +24,7 @@ _TEMPLATES = "../tests/data/templates"  # from docs/
 
 def _template(row: Replica) -> str:
     if row.template_file is None:
-        return "none (a base model): `data.chat_template=chatml`"
+        return "none (a base model): smoke_chat's `data.fallback_chat_template=chatml`"
     return f"[{row.template_file.removesuffix('.jinja')}]({_TEMPLATES}/{row.template_file})"
 
 

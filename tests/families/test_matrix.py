@@ -108,8 +108,8 @@ def test_tokenizer_and_generation_config_as_they_were(family_run: FamilyRun) -> 
     assert got.special_tokens_map == want.special_tokens_map
     if family_run.row.chat:
         assert got.chat_template == (TEMPLATES / family_run.row.template_file).read_text()
-    else:
-        assert got.chat_template is None and want.chat_template is None
+    else:  # a base model ships the template it was trained on: smoke_chat's fallback
+        assert got.chat_template == SHIPPED_TEMPLATES["chatml"] and want.chat_template is None
 
 
 def test_the_data_was_rendered_by_the_family_template(family_run: FamilyRun) -> None:
@@ -120,6 +120,14 @@ def test_the_data_was_rendered_by_the_family_template(family_run: FamilyRun) -> 
     want = (TEMPLATES / row.template_file).read_text() if row.chat else SHIPPED_TEMPLATES["chatml"]
     assert meta["chat_template"] == want
     assert meta["splits"]["train"]["trained_tokens"] > 0
+
+
+def test_the_card_names_the_template_that_trained_and_ships(family_run: FamilyRun) -> None:
+    """The model card's row: the family's own template, or the fallback a base model trained (and ships) on."""
+    card = (family_run.out / "README.md").read_text()
+    want = (f"| chat template | the base model's own ({family_run.base})" if family_run.row.chat else
+            "| chat template | `chatml` (`data.fallback_chat_template`: the base tokenizer has none)")
+    assert want in card, card
 
 
 def test_the_run_trained_every_step(family_run: FamilyRun) -> None:
