@@ -357,7 +357,7 @@ def _template_name(meta: Mapping[str, Any]) -> str | None:
     if not isinstance(name, str) or not name:  # a cache prepared before the name was recorded
         return "a Jinja template (the cache's `meta.json` holds it)" + shipped
     if key == "data.fallback_chat_template":
-        return f"`{_code(name)}` (`data.fallback_chat_template`: the base tokenizer has none)" + shipped
+        return f"`{_code(name)}` (`data.fallback_chat_template`: the tokenizer has none of its own)" + shipped
     if key == "data.chat_template":
         return f"`{_code(name)}` (`data.chat_template`)" + shipped
     return name.replace("the tokenizer's own", "the base model's own") + shipped

@@ -126,7 +126,7 @@ def test_the_card_names_the_template_that_trained_and_ships(family_run: FamilyRu
     """The model card's row: the family's own template, or the fallback a base model trained (and ships) on."""
     card = (family_run.out / "README.md").read_text()
     want = (f"| chat template | the base model's own ({family_run.base})" if family_run.row.chat else
-            "| chat template | `chatml` (`data.fallback_chat_template`: the base tokenizer has none)")
+            "| chat template | `chatml` (`data.fallback_chat_template`: the tokenizer has none of its own)")
     assert want in card, card
 
 

@@ -132,6 +132,27 @@ def test_a_base_model_whose_vocabulary_splits_the_fallback_is_refused(
     assert ok.returncode == 0, ok.stdout + ok.stderr  # a plain-text template of the user's own plans
 
 
+def test_a_template_your_own_experiment_names_counts_as_named(
+        replica: Callable[[Replica], Path], tmp_path: Path) -> None:
+    """An experiment of the user's (hydra.searchpath), extending smoke_chat, names chatml: it is not overridden
+    by the directory's own template (so on Gemma's vocabulary it is refused); one naming nothing gets Gemma's."""
+    conf = tmp_path / "my_conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - smoke_chat\n  - _self_\n"
+                                    "data:\n  chat_template: chatml\n")
+    (conf / "plain.yaml").write_text("# @package _global_\ndefaults:\n  - smoke_chat\n  - _self_\nname: plain\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    named = forked_cli.run([search, "+experiment=mine", f"model.name_or_path={replica(GEMMA)}", "dry_run=true",
+                            f"run_dir={tmp_path / 'mine'}"], cwd=tmp_path)
+    assert named.returncode == 2 and "data.chat_template = 'chatml'" in named.stderr, named.stdout + named.stderr
+    plain = forked_cli.run([search, "+experiment=plain", f"model.name_or_path={replica(GEMMA)}", "dry_run=true",
+                            f"run_dir={tmp_path / 'plain'}"], cwd=tmp_path)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "the chat template is the tokenizer's own" in plain.stderr
+    recorded = yaml.safe_load((tmp_path / "plain" / "config.yaml").read_text())["data"]
+    assert (recorded["chat_template"], recorded["fallback_chat_template"]) == (None, "chatml")
+
+
 def test_no_shipped_config_names_a_chat_template() -> None:
     """A shipped experiment's template is only a fallback: data.chat_template is the user's to set."""
     named = {}
