@@ -12,7 +12,7 @@ Exit status (message on stderr, no traceback, nothing left at OUT):
 * 2: a user error: a bad option value, a missing or incomplete checkpoint, an OUT that
   exists (without ``--overwrite``), an OUT inside the checkpoints or holding them, a
   second consolidation into the same OUT (named with its holder), ``--remove-sharded``
-  with ``--no-verify``;
+  with ``--no-verify``, a mount point OUT this user cannot write;
 * 65: the weights hold NaN or inf (each tensor named, with its counts), without
   ``--allow-nonfinite``;
 * 2 too: a checkpoint removed while it was being read (training pruned it: the
@@ -22,6 +22,10 @@ Exit status (message on stderr, no traceback, nothing left at OUT):
 
 A staging directory (``.OUT.tmp-PID``) left by a consolidation into the same OUT that
 was killed (SIGKILL, out of memory) is removed, with a note, before writing.
+
+An existing OUT that cannot be renamed (a mount point, such as a container's ``/output``)
+has its contents replaced in place with ``--overwrite``, ``verification.json`` last
+(:mod:`.in_place`); one this user cannot write is refused (exit 2) before anything is read.
 
 Where a flag would make the command go through, the message ends with the whole command
 to paste, shell-quoted.

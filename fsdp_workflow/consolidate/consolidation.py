@@ -21,6 +21,7 @@ from fsdp_workflow.core.interrupts import stopped_by
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import list_checkpoints, parse_step
 
+from . import in_place as inplace
 from .casting import CLI_DTYPES
 from .consolidation_errors import ConsolidationError, ConsolidationInterrupted, OutputExistsError
 from .options import check_options, out_exists_problem
@@ -84,6 +85,8 @@ def consolidate(
             sibling and renamed; it may not lie inside a checkpoint directory read, nor hold
             one (:func:`fsdp_workflow.core.paths.output_overlap`, the planner's rule). A lock
             file beside it (``.OUT.consolidate.lock``) keeps a second consolidation into it out.
+            An existing ``out`` that cannot be renamed (a mount point) is replaced in place,
+            lock and staging inside it (:mod:`.in_place`).
         dtype: ``None`` keeps stored dtypes; ``"bf16"``, ``"fp16"`` or ``"fp32"`` casts
             floating tensors only.
         max_shard_size: Split output files past this size (``"5GB"``, ``"1TB"``, ``"2GiB"``,
@@ -132,13 +135,21 @@ def consolidate(
     try:
         selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
         located = locate_source(Path(src), out, selection)  # OUT apart from the checkpoints before the lock file is made
-        lock = _lock_output(out)
+        # An existing OUT that cannot be renamed (a mount point) is replaced in place: lock and staging inside it.
+        in_place = inplace.cannot_rename(out) if overwrite else None
+        lock = _lock_output(out, inside=in_place is not None)
         with lock:
-            _remove_dead_staging(out, locked=not isinstance(lock, contextlib.nullcontext))
+            _remove_dead_staging(out, locked=not isinstance(lock, contextlib.nullcontext), inside=in_place is not None)
             problem = out_exists_problem(out, overwrite)  # again, under the lock: an earlier holder may have written it
             if problem:
                 raise OutputExistsError(problem)
-            source = open_source(located, out)
+            # DeepSpeed's rebuilt tensors are staged beside the model's staging directory: inside OUT when in place
+            source = open_source(located, inplace.staging_path(out) if in_place else out)
+            if in_place:
+                note = (f"OUT {out} cannot be renamed ({in_place}): the model was written into it in place, "
+                        f"{inplace.VERIFICATION_FILE} last (docs/consolidation.md, 'An OUT that cannot be renamed')")
+                log.warning("note: %s", note)
+                source.notes.append(note)
             try:
                 out_dtype = CLI_DTYPES[dtype] if dtype is not None else None
                 plan = plan_output(source, out_dtype=out_dtype, weights=weights, max_shard_bytes=max_bytes)
@@ -147,12 +158,13 @@ def consolidate(
                                          allow_nonfinite)
                 check_space(out, plan.total_bytes)
                 try:
-                    with staging_dir(out) as staging:
+                    with staging_dir(out, inplace.staging_path(out) if in_place else None) as staging:
                         written = write_output(source, plan, staging, settings)
                         report = verify_output(source, plan, written, verify=verify,
                                                from_pretrained_max_bytes=from_pretrained_max_bytes)
                         with deferred_interrupt():  # Ctrl-C waits for the renames, then says OUT was written
-                            commit_output(staging, out, report, source, replace=overwrite)
+                            commit_output(staging, out, report, source, replace=overwrite,
+                                          in_place=in_place is not None)
                             committed = True
                 except OSError as exc:
                     if exc.errno not in DISK_FULL_ERRNOS:
@@ -191,7 +203,7 @@ def stopped_word() -> str:
     return "interrupted" if stopped_by()[0] == EXIT_INTERRUPTED else stopped_by()[1]
 
 
-def _remove_dead_staging(out: Path, locked: bool) -> None:
+def _remove_dead_staging(out: Path, locked: bool, inside: bool = False) -> None:
     """Remove the staging directories (``.OUT.tmp-PID``) of consolidations into ``out`` that were killed.
 
     A SIGKILL (the OOM killer, ``kill -9``, a scheduler past its grace) leaves the
@@ -199,10 +211,13 @@ def _remove_dead_staging(out: Path, locked: bool) -> None:
     consolidation into OUT is running, so a staging directory whose process is gone
     is a leftover. A live process of that pid (a reused pid, or a writer on another
     node where the lock is per node) keeps its directory; without the lock none is removed.
+    With ``inside`` (OUT replaced in place) they are ``OUT/.consolidate-tmp-PID`` and
+    ``OUT/.consolidate-old-PID`` (:mod:`.in_place`).
     """
     prefix = f".{out.name}.tmp-"  # steps.staging_dir's name: .OUT.tmp-PID
-    for path in sorted(out.parent.glob(glob.escape(prefix) + "*")) if out.parent.is_dir() else []:
-        pid = path.name[len(prefix):]
+    found = ([(path, path.name[len(prefix):]) for path in sorted(out.parent.glob(glob.escape(prefix) + "*"))]
+             if out.parent.is_dir() else [])
+    for path, pid in inplace.leftovers(out) if inside else found:
         if pid == str(os.getpid()) or not pid.isdigit() or not path.is_dir():
             continue
         if not locked:
@@ -249,15 +264,36 @@ def lock_path(out: Path) -> Path:
     return out.parent / f".{out.name}.consolidate.lock"
 
 
-def _lock_output(out: Path) -> Lock | contextlib.nullcontext[None]:
-    """Take the output's lock, or refuse naming its holder; on a filesystem without ``flock``, warn and go on."""
+def _lock_output(out: Path, inside: bool = False) -> contextlib.AbstractContextManager[object]:
+    """Take the output's lock, or refuse naming its holder; on a filesystem without ``flock``, warn and go on.
+
+    With ``inside`` (OUT replaced in place, :mod:`.in_place`) the lock file is ``OUT/.consolidate.lock``,
+    removed again when the consolidation ends.
+    """
     try:
-        return acquire(lock_path(out), "consolidating", subject=f"OUT {out}")
+        lock = acquire(inplace.lock_file(out) if inside else lock_path(out), "consolidating", subject=f"OUT {out}")
     except LockHeld as exc:
         raise ConsolidationError(f"{exc} Two consolidations into one OUT are refused; nothing was written.") from None
     except LockUnsupported as exc:
         log.warning("note: %s; consolidating without the lock that keeps a second consolidation into %s out", exc, out)
         return contextlib.nullcontext()
+    if not inside:
+        return lock
+    if not inplace.owns(lock):  # the file was removed by a holder finishing as we opened it: theirs, not ours
+        lock.release()
+        raise ConsolidationError(f"OUT {out}: another consolidation into it was finishing as this one started; "
+                                 "nothing was written. Run the command again")
+    return _InsideLock(lock)
+
+
+class _InsideLock(contextlib.AbstractContextManager):
+    """OUT's own lock (:mod:`.in_place`): the file is removed from OUT, then released."""
+
+    def __init__(self, lock: Lock) -> None:
+        self.lock = lock
+
+    def __exit__(self, *exc: object) -> None:
+        inplace.release(self.lock)
 
 
 
@@ -270,7 +306,7 @@ def check_space(out: Path, need: int) -> None:
     Raises:
         ConsolidationError: naming the directory, the bytes free and the bytes needed.
     """
-    where = out.parent
+    where = out if out.is_dir() else out.parent  # an existing OUT may be a filesystem of its own (a mount point)
     while not where.exists() and where != where.parent:
         where = where.parent
     free = shutil.disk_usage(where).free

@@ -15,6 +15,7 @@ from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
 from .consolidation_errors import ConsolidationError, OutputExistsError
+from .in_place import in_place_problem
 
 
 
@@ -48,6 +49,9 @@ def check_options(
     """
     exists = out_exists_problem(out, overwrite)
     errors = [exists] if exists else _check_out_parent(out)
+    unwritable = in_place_problem(out) if overwrite and not exists else None
+    if unwritable:
+        errors.append(unwritable)
     if dtype is not None and dtype not in CLI_DTYPES:
         errors.append(f"--dtype {dtype!r}: choose one of bf16, fp16, fp32 (or leave it out to keep stored dtypes)")
     max_bytes = 0

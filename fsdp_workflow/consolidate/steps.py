@@ -35,6 +35,7 @@ from .deepspeed import DeepSpeedCheckpoint
 from .consolidation_errors import ConsolidationError
 from .hf_assets import copy_assets, copy_licenses, dominant_float_dtype, index_metadata, index_text, write_config
 from .hub_layout import hub_pieces
+from .in_place import commit_in_place
 from .key_names import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
 from .source import Source
@@ -142,16 +143,17 @@ def plan_output(source: Source, *, out_dtype: str | None, weights: list[float] |
 
 
 @contextmanager
-def staging_dir(out: Path) -> Iterator[Path]:
+def staging_dir(out: Path, inside: Path | None = None) -> Iterator[Path]:
     """A fresh temporary sibling of ``out`` to write into; removed if anything fails before the commit.
 
     Args:
         out: The final output directory.
+        inside: Stage here instead (OUT replaced in place: ``OUT/.consolidate-tmp-PID``, :mod:`.in_place`).
 
     Yields:
-        The empty staging directory (``.OUT.tmp-PID``).
+        The empty staging directory (``.OUT.tmp-PID``, or ``inside``).
     """
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = inside or out.parent / f".{out.name}.tmp-{os.getpid()}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -354,7 +356,7 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
 
 
 def commit_output(staging: Path, out: Path, report: VerificationReport, source: Source, *,
-                  replace: bool = False) -> None:
+                  replace: bool = False, in_place: bool = False) -> None:
     """Write verification.json, then move the staging directory to ``out`` once verification passed.
 
     verification.json also names the checkpoint directories the weights came from (``sources``):
@@ -364,7 +366,9 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
     The move is a rename; the caller holds Ctrl-C off around it (:func:`deferred_interrupt`).
     With ``replace`` an existing ``out`` is first renamed aside, then removed once the new
     model is in place (and put back if the second rename fails), so ``out`` is at every
-    moment either the old model or the new one.
+    moment either the old model or the new one. With ``in_place`` (an ``out`` that cannot
+    be renamed, a mount point) the files are moved into ``out`` instead, ``verification.json``
+    last (:func:`.in_place.commit_in_place`).
 
     Args:
         staging: The written model (:func:`write_output`).
@@ -372,6 +376,7 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
         report: From :func:`verify_output`.
         source: For the error message.
         replace: ``--overwrite``: replace an existing ``out``.
+        in_place: ``staging`` is inside ``out``, which cannot be renamed: replace its contents.
 
     Raises:
         ConsolidationError: Verification failed, or ``out`` appeared meanwhile (written by
@@ -383,10 +388,18 @@ def commit_output(staging: Path, out: Path, report: VerificationReport, source: 
     if not report["ok"]:
         raise ConsolidationError(f"verification failed for {source.dirs[-1]}: " + "; ".join(report["errors"])
                                  + f". Nothing was written to {out}.")
+    if in_place:
+        commit_in_place(staging, out)
+        return
     old = None
     if replace and (out.exists() or out.is_symlink()):
         old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
+        try:
+            os.rename(out, old)
+        except OSError as exc:  # one the checks before the work did not foresee (in_place.cannot_rename)
+            raise ConsolidationError(
+                f"{out}: cannot move the earlier OUT aside to replace it ([Errno {exc.errno}] {exc.strerror}); "
+                "nothing was changed there. Choose a new OUT, or empty it yourself and rerun") from None
     try:
         os.rename(staging, out)
     except OSError as exc:
