@@ -20,6 +20,10 @@ dimensions and a range of the next, the rest whole. Inside any DCP chunk such a 
 contiguous byte range (FSDP2 shards dim 0, so an expert lies whole in one chunk), and the
 writer keeps copying byte ranges (:meth:`.reader.SourceTensor.select`).
 
+A ``model_type`` not in the table whose transformers conversion only renames (Granite-MoE:
+``block_sparse_moe.input_linear.weight`` on disk, ``experts.gate_up_proj`` in memory) is
+written under transformers' own reversed renamings (:mod:`.saved_names`), asked at run time.
+
 Like :func:`.keys.map_keys`, this is a naming rule: the planner and the verifier both call
 :func:`hub_pieces`; where the bytes of a box lie each works out on its own.
 ``tests/consolidate/test_hub_layout.py`` builds every family of :data:`MODEL_TYPES` with
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 
 from .consolidation_errors import ConsolidationError
 from .jsontypes import JsonObject
+from .saved_names import SavedNames, saved_names
 
 Shape = tuple[int, ...]
 
@@ -134,7 +139,8 @@ def hub_pieces(shapes: dict[str, Shape], config: JsonObject | None) -> Pieces:
 
     Args:
         shapes: In-memory (Hugging Face) name -> shape, in the order to write them.
-        config: The reference config.json (its ``model_type`` picks the layout; None: none).
+        config: The reference config.json (its ``model_type`` picks the layout, or transformers'
+            renamings where it has no row: :mod:`.saved_names`; None: names kept).
 
     Returns:
         The pieces, in order (a fused tensor's experts in expert order, each expert's parts
@@ -147,6 +153,9 @@ def hub_pieces(shapes: dict[str, Shape], config: JsonObject | None) -> Pieces:
     """
     layout = layout_for(config)
     model_type = config.get("model_type") if config else None
+    renamed_by = saved_names(model_type) if layout is None and isinstance(model_type, str) else None
+    if renamed_by is not None:
+        return _renamed(shapes, renamed_by)
     if layout is None:
         pieces = [Piece(n, n, s) for n, s in shapes.items()]
         fused = sorted(n for n, s in shapes.items() if len(s) == 3 and n.endswith((".experts.gate_up_proj", ".experts.down_proj")))
@@ -157,6 +166,28 @@ def hub_pieces(shapes: dict[str, Shape], config: JsonObject | None) -> Pieces:
                          "saved expert layouts (fsdp_workflow/consolidate/hub_layout.py), so tools expecting the hub's "
                          "per-expert names (vLLM, llama.cpp) may not read them")
         return Pieces(pieces, notes)
+    return _cut(shapes, layout, config, model_type)
+
+
+def _renamed(shapes: dict[str, Shape], rule: SavedNames) -> Pieces:
+    """Every tensor whole, under the name transformers' reversed renamings give it (:mod:`.saved_names`)."""
+    out = [Piece(rule.rename(n), n, s) for n, s in shapes.items()]
+    seen: dict[str, str] = {}
+    for p in out:
+        if p.name in seen:
+            raise ConsolidationError(f"'{seen[p.name]}' and '{p.source}' both become '{p.name}' under transformers "
+                                     f"{rule.version}'s saved names for model_type {rule.model_type!r}; the checkpoint "
+                                     "mixes in-memory and saved names")
+        seen[p.name] = p.source
+    renamed = [p for p in out if p.name != p.source]
+    notes = [f"written as save_pretrained writes model_type {rule.model_type!r} (transformers {rule.version}'s "
+             f"renamings, reversed): {len(renamed)} tensor(s) renamed, e.g. '{renamed[0].source}' -> "
+             f"'{renamed[0].name}'"] if renamed else []
+    return Pieces(out, notes)
+
+
+def _cut(shapes: dict[str, Shape], layout: HubLayout, config: JsonObject | None, model_type: object) -> Pieces:
+    """:func:`hub_pieces` for a ``model_type`` of the table: fused experts cut per expert, the rest renamed."""
     hidden = config.get("hidden_size") if config else None
     out: list[Piece] = []
     split = 0

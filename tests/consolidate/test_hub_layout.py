@@ -25,6 +25,7 @@ from fsdp_workflow.consolidate import ConsolidationError, consolidate
 from fsdp_workflow.consolidate import hub_layout
 from fsdp_workflow.consolidate.hub_layout import MODEL_TYPES, Piece, hub_pieces
 from fsdp_workflow.consolidate.reader import SourceTensor
+from fsdp_workflow.consolidate.saved_names import saved_names
 from fsdp_workflow.consolidate.synthetic import write_dcp
 from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, step_name
 
@@ -49,6 +50,16 @@ FAMILIES: Dict[str, Dict[str, Any]] = {
 }
 
 
+# Families whose transformers conversion only renames: no row of the table, transformers' own renamings
+# reversed (consolidate/saved_names.py). Granite-MoE is in the family matrix; EXAONE 3 renames a dense model.
+RENAMED: Dict[str, Dict[str, Any]] = {
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48),
+    "exaone": dict(eos_token_id=1, bos_token_id=0, pad_token_id=0),
+    "aria_text": dict(moe_num_experts=4, moe_topk=2, moe_intermediate_size=32, moe_num_shared_experts=1),
+}
+
+
 # Experts of several slabs each (gate and up 2 MiB, in 1 MiB slabs), for the fast verification's sampling.
 LARGE = ("qwen3_moe", dict(SHAPE, hidden_size=512, num_hidden_layers=1, num_experts=2, num_experts_per_tok=1,
                            moe_intermediate_size=1024))
@@ -61,7 +72,7 @@ def _build(model_type: str, directory: Path) -> Dict[str, torch.Tensor]:
     if model_type == "large":
         config = AutoConfig.for_model(LARGE[0], **LARGE[1])
     else:
-        config = AutoConfig.for_model(model_type, **SHAPE, **FAMILIES[model_type])
+        config = AutoConfig.for_model(model_type, **SHAPE, **{**FAMILIES, **RENAMED}[model_type])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
@@ -118,7 +129,38 @@ def test_the_table_gives_what_save_pretrained_writes(built: Callable, model_type
 def test_every_moe_family_of_the_matrix_is_in_the_table() -> None:
     from tests.families.replicas import FAMILIES as MATRIX
 
-    assert {r.model_type for r in MATRIX if r.experts} <= set(MODEL_TYPES)
+    # a row of the table, or transformers' renamings reversed (Granite-MoE)
+    assert {r.model_type for r in MATRIX if r.experts and r.model_type not in MODEL_TYPES} == {"granitemoe"}
+    assert saved_names("granitemoe") is not None
+
+
+@pytest.mark.parametrize("model_type", sorted(RENAMED))
+def test_renamed_families_get_the_names_save_pretrained_writes(built: Callable, model_type: str) -> None:
+    """No table row: transformers' reversed renamings turn the in-memory names into the saved ones, bytes untouched."""
+    assert model_type not in MODEL_TYPES
+    directory, memory = built(model_type)
+    config = json.loads((directory / "config.json").read_text())
+    layout = hub_pieces({k: tuple(v.shape) for k, v in memory.items()}, config)
+    want = _saved(directory)
+    assert all(p.whole for p in layout.pieces)
+    assert {p.name: p.shape for p in layout.pieces} == {k: tuple(v.shape) for k, v in want.items()}
+    assert set(want) != set(memory)  # transformers really renames this family
+    assert all(torch.equal(memory[p.source], want[p.name]) for p in layout.pieces)
+    assert "renamings, reversed" in layout.notes[0] and "tensor(s) renamed" in layout.notes[0]
+
+
+def test_a_granite_moe_checkpoint_consolidates_to_what_save_pretrained_writes(built: Callable, tmp_path: Path) -> None:
+    """Issue 49: Granite-MoE came back as experts.gate_up_proj / router.weight, not its input_linear / router.layer."""
+    directory, memory = built("granitemoe")
+    ckpt = _dcp(tmp_path / "ckpt", memory, dp=2)
+    consolidate(ckpt, tmp_path / "out", reference=directory, progress=False)
+    got, want = _saved(tmp_path / "out"), _saved(directory)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert "model.layers.0.block_sparse_moe.router.layer.weight" in got
+    report = json.loads((tmp_path / "out" / "verification.json").read_text())
+    assert report["ok"] and report["from_pretrained"] == {"ok": True}
+    assert report["keys"]["missing"] == report["keys"]["unexpected"] == []
+    assert any("revert_weight_conversion" in n for n in report["architecture"]["notes"])
 
 
 def test_other_models_are_written_as_they_are() -> None:
@@ -131,9 +173,9 @@ def test_other_models_are_written_as_they_are() -> None:
 
 def test_fused_experts_of_a_model_type_not_in_the_table_are_kept_with_a_note() -> None:
     shapes = {"model.layers.0.mlp.experts.gate_up_proj": (4, 8, 4), "model.layers.0.mlp.experts.down_proj": (4, 4, 4)}
-    layout = hub_pieces(shapes, {"model_type": "granitemoe"})
+    layout = hub_pieces(shapes, {"model_type": "some_future_moe"})  # one transformers does not know either
     assert [p.name for p in layout.pieces] == list(shapes)
-    assert "'granitemoe' is not in the consolidator's table" in layout.notes[0]
+    assert "'some_future_moe' is not in the consolidator's table" in layout.notes[0]
 
 
 def test_a_fused_shape_the_layout_does_not_know_is_refused() -> None:

@@ -101,6 +101,7 @@ FAMILIES: Tuple[Replica, ...] = (
     Replica("Gemma 3 (text)", "google/gemma-3-1b-it", "gemma3_text", "gemma3", tied=True, pad="<pad>", config=dict(query_pre_attn_scalar=16, sliding_window=512, layer_types=["sliding_attention", "full_attention"], max_position_embeddings=32768), proves="Gemma3ForCausalLM, local and global rope"),
     Replica("Phi-3", "microsoft/Phi-3-mini-4k-instruct", "phi3", "phi3", tied=False, pad="<|endoftext|>", config=dict(max_position_embeddings=4096, original_max_position_embeddings=4096, sliding_window=2047), proves="fused qkv and gate_up projections"),
     Replica("OLMo 2", "allenai/OLMo-2-1124-7B", "olmo2", None, tied=False, pad="<|pad|>", config=dict(rope_parameters=dict(rope_type="default", rope_theta=500000.0), max_position_embeddings=4096), proves="post-norm layers, a base model without a chat template"),
+    Replica("Granite-MoE", "ibm-granite/granite-3.0-1b-a400m-base", "granitemoe", None, tied=True, pad="<|pad|>", config=dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, logits_scaling=6.0, residual_multiplier=0.22, attention_multiplier=0.015625, rope_parameters=dict(rope_type="default", rope_theta=10000.0), max_position_embeddings=4096), proves="experts fused on disk under its own names (input_linear, router.layer), which transformers renames in memory; tied"),
 )
 # fmt: on
 
@@ -207,7 +208,8 @@ def parameter_count(directory: Path) -> int:
     return sum(_numel(s) for s in _shapes(directory).values())
 
 
-_EXPERT = re.compile(r"\.experts\.\d+\.")  # the hub's per-expert names (transformers writes them)
+# the hub's per-expert names (transformers writes them), or Granite-MoE's experts fused on disk too
+_EXPERT = re.compile(r"\.experts\.\d+\.|\.block_sparse_moe\.(input|output)_linear\.")
 
 
 def active_parameter_count(directory: Path, row: Replica) -> int:

@@ -19,6 +19,7 @@ from fsdp_workflow.core.rundir import atomic_write_text
 
 from ..hf_assets import needs_arch_from_model_type
 from ..hub_layout import layout_for
+from ..saved_names import saved_names
 from .architecture_rules import ArchResult, expected_from_rules
 from .report_schema import FromPretrainedReport, KeyReport, VerificationReport
 
@@ -68,11 +69,12 @@ def _expected_from_config(reference: Path, archs: list[str]) -> ArchResult:
 def _expect_saved_layout(res: ArchResult, model: object, state: dict, model_type: str) -> None:
     """Where transformers saves other names than it holds (fused MoE experts), expect what the consolidator writes.
 
-    For a ``model_type`` in the consolidator's table (:mod:`..hub_layout`) that is the layout
-    ``save_pretrained`` writes, taken here from transformers' own reverse conversion
-    (``revert_weight_conversion``, on the meta device): an independent check of the table
-    at every consolidation. For any other the in-memory names are written and expected, and
-    a note says transformers would save them otherwise.
+    For a ``model_type`` in the consolidator's table (:mod:`..hub_layout`), or one whose
+    conversion only renames (:mod:`..saved_names`), that is the layout ``save_pretrained``
+    writes, taken here from transformers' own reverse conversion (``revert_weight_conversion``,
+    on the meta device, over the whole model): an independent check of the table and of the
+    per-key renaming at every consolidation. For any other the in-memory names are written and
+    expected, and a note says transformers would save them otherwise.
     """
     try:
         from transformers.core_model_loading import revert_weight_conversion
@@ -81,7 +83,7 @@ def _expect_saved_layout(res: ArchResult, model: object, state: dict, model_type
     saved = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, dict(state)).items()}
     if saved == res.expected:
         return
-    if layout_for({"model_type": model_type}) is not None:
+    if layout_for({"model_type": model_type}) is not None or saved_names(model_type) is not None:
         res.expected = saved
         res.notes.append(f"model_type '{model_type}': expected the names and shapes save_pretrained writes "
                          "(transformers' revert_weight_conversion), as the consolidator writes them")
@@ -135,7 +137,7 @@ def cached_expected(reference: Path, archs: list[str]) -> ArchResult:
     return res
 
 
-_CACHE_FORMAT = b"|saved-layout"  # cached answers before the saved MoE layout expected fused experts
+_CACHE_FORMAT = b"|saved-layout|saved-names"  # cached answers before: fused experts, then in-memory renamed names
 
 
 class ArchitectureCheck(threading.Thread):
