@@ -6,7 +6,7 @@ imports are not counted; for cycles they are: a type-only cycle still means two
 modules that cannot be understood, moved or tested apart.
 
     core  <-  config  <-  container  <-  plan  <-  backends  <-  launch  <-  __main__, api  (<- __init__'s lazy export)
-    core  <-  backends' pure parts (roles, base, slurm.queue, slurm.reasons)  <-  container, plan, report, preflight
+    core  <-  backends' pure parts (base, slurm.queue, slurm.reasons)  <-  report, preflight
                  ^----  data  <-  train ;  consolidate (config and core only)
                  ^----  evaluate (consolidate, train, data)
                  ^----  report (status, model card, curves: above train, consolidate, data, backends)  <-  status (its CLI alias)
@@ -16,8 +16,9 @@ modules that cannot be understood, moved or tested apart.
 (Slurm's batch scripts and ``submit.sh`` are ``backends/slurm/scripts.py``'s, from ``plan/render.py``'s
 shell words) and submits; ``plan/run_dir.write_run_dir`` is handed the backend by its caller. Its pure
 parts (:data:`BACKEND_PURE`: the job-state and role vocabulary, Slurm's queue readers and reasons)
-import ``core`` alone, so the container stage and the planner (``backends/roles.py``: a job's role is
-the step a runtime wraps) and the report stage (job states) read them from below without a loop. ``report`` may import the whole of
+import ``core`` alone, so the report stage (job states) and the preflight read them without a loop.
+A job's role, which the planner and the container stage name too, is ``core/roles.py``'s: no stage
+imports from a floor above it (issue 50). ``report`` may import the whole of
 ``backends`` (``status`` asks a backend for its jobs' states); nothing below ``report`` imports it.
 
 The run record (``config/record.py``) sits in ``config``: every stage that reads a run
@@ -42,8 +43,8 @@ PACKAGE = Path(fsdp_workflow.__file__).parent
 ALLOWED: Dict[str, Set[str]] = {
     "core": set(),
     "config": {"core"},
-    "container": {"core", "config", "backends.pure"},  # backends.roles: a job's role is the step it wraps
-    "plan": {"core", "config", "container", "data", "backends.pure"},  # data: its plan-time rules (data.checks)
+    "container": {"core", "config"},
+    "plan": {"core", "config", "container", "data"},  # data: its plan-time rules (data.plan_checks)
     "backends.pure": {"core"},  # BACKEND_PURE: vocabulary and parsers, on core alone
     "backends": {"core", "config", "container", "plan", "backends.pure"},
     "launch": {"core", "config", "plan", "backends", "backends.pure"},
@@ -63,8 +64,7 @@ ALLOWED: Dict[str, Set[str]] = {
 }
 RUN_DIR_MODULE = "fsdp_workflow.core.rundir"
 # The backends' pure parts: importable from below the backends stage (plan, report), so they import core alone.
-BACKEND_PURE = {"fsdp_workflow.backends", "fsdp_workflow.backends.base", "fsdp_workflow.backends.roles",
-                "fsdp_workflow.backends.slurm",
+BACKEND_PURE = {"fsdp_workflow.backends", "fsdp_workflow.backends.base", "fsdp_workflow.backends.slurm",
                 "fsdp_workflow.backends.slurm.queue", "fsdp_workflow.backends.slurm.reasons"}
 
 

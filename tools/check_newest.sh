@@ -61,19 +61,38 @@ EOF
         "$V" -m pip install -q --disable-pip-version-check -c "$venv/oldest.txt" -e ".[dev]" ;;
 esac
 
-# What moved against the lock
-"$V" -m pip freeze --exclude-editable 2>/dev/null | sed 's/[-_.]\+/-/g; s/.*/\L&/' | sort > "$venv/freeze.txt"
-grep -v '^#' requirements/common.txt | sed 's/[-_.]\+/-/g; s/.*/\L&/' | sort > "$venv/lock.txt"
-moved=$(join -t= -j1 <(sed 's/==/=/' "$venv/lock.txt") <(sed 's/==/=/' "$venv/freeze.txt") \
-        | awk -F= '$2 != $3 {print $1" "$2" -> "$3}')
+# What moved against the lock (requirements/cpu.txt and the common.txt it includes)
+"$V" -m pip freeze --exclude-editable 2>/dev/null > "$venv/freeze.txt"
+moved=$("$V" - requirements/cpu.txt "$venv/freeze.txt" <<'PYEOF'
+import re, sys
+from pathlib import Path
+
+def pins(path):
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-c "):
+            out.update(pins(Path(path).parent / line[3:].strip()))
+        elif "==" in line:
+            name, version = line.split("==", 1)
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    return out
+
+lock, now = pins(sys.argv[1]), pins(sys.argv[2])
+for name in sorted(set(lock) | set(now)):
+    a, b = lock.get(name), now.get(name)
+    if (a and b and a.split("+")[0] != b.split("+")[0]) or bool(a) != bool(b):
+        print(f"{name} {a or '(not in the lock)'} -> {b or '(not installed)'}")
+PYEOF
+)
 seam_moved=""
-for lib in "${SEAM_LIBS[@]}" torch; do
+for lib in torch "${SEAM_LIBS[@]}"; do
     key=$(echo "$lib" | sed 's/[-_.]\+/-/g' | tr 'A-Z' 'a-z')
     line=$(echo "$moved" | grep "^$key " || true)
     [ -n "$line" ] && seam_moved="$seam_moved${seam_moved:+, }$line"
 done
-echo "[check] moved against requirements/common.txt:" >&2
-echo "${moved:-  nothing}" | sed 's/^/  /' >&2
+echo "[check] moved against requirements/cpu.txt:" >&2
+echo "${moved:-nothing}" | sed 's/^/  /' >&2
 "$V" -m fsdp_workflow --version >&2 || true
 
 # The seam tests
@@ -83,7 +102,7 @@ FSDP_WORKFLOW_UNLOCKED=1 "$V" -m pytest -p no:cacheprovider -q -rf --durations=0
     2>&1 | tee "$venv/pytest.txt" | grep -E "^(FAILED|ERROR)|passed|failed" >&2
 rc=${PIPESTATUS[0]}
 set -e
-failed=$(grep -E "^(FAILED|ERROR) " "$venv/pytest.txt" | sed 's/ - .*//' | awk '{print $2}' | tr '\n' ' ')
+failed=$(grep -E "^(FAILED|ERROR) " "$venv/pytest.txt" | sed 's/ - .*//' | awk '{print $2}' | tr '\n' ' ' || true)
 if [ "$rc" = 0 ]; then
     echo "[check] $mode: the seam tests pass (seam libraries moved: ${seam_moved:-none})"
 else

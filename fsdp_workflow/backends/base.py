@@ -5,9 +5,9 @@ keeps Slurm, local and debug apart: ``issues``, ``plan``, ``render``, ``submit``
 ``states``, ``cancel``, ``live``, ``job_status``. :mod:`fsdp_workflow.backends.registry` picks one by
 ``cluster.kind``; callers ask it, never the kind itself.
 
-This module imports ``core`` and :mod:`~fsdp_workflow.backends.roles` alone (the config and plan types are
-for type checkers): the report stage reads :class:`JobState` from here; :class:`Role` is
-:mod:`~fsdp_workflow.backends.roles`'s (the planner, which this module names for type checkers, reads it there).
+This module imports ``core`` alone (the config and plan types are for type checkers): the report
+stage reads :class:`JobState` from here; :class:`Role` is :mod:`fsdp_workflow.core.roles`'s, on the
+floor every stage may import (the planner and the container stage name jobs by it).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.core.exit_codes import EXIT_USAGE
+from fsdp_workflow.core.roles import Role
 
 if TYPE_CHECKING:
     from fsdp_workflow.config.errors import Issue, ValidationReport

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.container.base import STEP_USES_GPU, ContainerCommand, EnvFilter, Issues, Runtime, uses_gpu
 from fsdp_workflow.container.binds import Bind, bind_list
+from fsdp_workflow.core.roles import Role
 
 # Images Apptainer converts at every start rather than reading a local file.
 IMAGE_URI_SCHEMES = ("docker://", "docker-daemon://", "oras://", "library://", "shub://", "http://", "https://")

@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Tuple
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import Device, WorkflowConfig, run_layout
 from fsdp_workflow.container.binds import Bind
+from fsdp_workflow.core.roles import Role
 
 # Steps that run inside the image (a job's role is its step), and whether each uses GPUs when cluster.device=cuda.
 STEP_USES_GPU: Dict[Role, bool] = {Role.prepare: False, Role.train: True, Role.consolidate: False, Role.eval: False}

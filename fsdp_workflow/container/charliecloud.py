@@ -24,11 +24,11 @@ import os
 import shlex
 from typing import List, Optional
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig, run_layout
 from fsdp_workflow.container.base import ContainerCommand, EnvFilter, Issues, Runtime, explicit_env
 from fsdp_workflow.container.binds import Bind, bind_list
+from fsdp_workflow.core.roles import Role
 
 # The PATH inside unless container.env sets one: the host's would name host directories.
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

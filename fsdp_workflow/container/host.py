@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import List
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.container.base import ContainerCommand, Issues, Runtime
+from fsdp_workflow.core.roles import Role
 
 
 class Host(Runtime):

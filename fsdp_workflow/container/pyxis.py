@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.accelerate_env import accelerate_env
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import ClusterKind, Device, WorkflowConfig, run_layout
 from fsdp_workflow.container.base import STEP_USES_GPU, ContainerCommand, Issues, Runtime, uses_gpu
 from fsdp_workflow.container.binds import Bind, bind_list
+from fsdp_workflow.core.roles import Role
 
 # pyxis leaks the whole task environment; these would make the image run the host's Python packages.
 PYXIS_UNSET = (

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import List
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.container.base import ContainerCommand, check_step, explicit_env
 from fsdp_workflow.container.registry import runtime_for
+from fsdp_workflow.core.roles import Role
 
 __all__ = ["container_command", "explicit_env", "in_image", "srun_container_args"]
 
@@ -25,7 +25,7 @@ def container_command(cfg: WorkflowConfig, step: Role) -> ContainerCommand:
 
     Args:
         cfg: the validated config.
-        step: the job role whose command is wrapped (a :class:`~fsdp_workflow.backends.roles.Role`).
+        step: the job role whose command is wrapped (a :class:`~fsdp_workflow.core.roles.Role`).
 
     Returns:
         Nothing for ``container=none``; for pyxis the in-image ``env`` prefix

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from fsdp_workflow.backends.roles import Role
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.core.rundir import RunDir
 
 
@@ -42,7 +42,7 @@ class SbatchJob:
     :meth:`as_step` makes it, behind ``step_prefix``.
 
     Attributes:
-        role: the job's :class:`~fsdp_workflow.backends.roles.Role`; also the log file's prefix.
+        role: the job's :class:`~fsdp_workflow.core.roles.Role`; also the log file's prefix.
         script: the batch script's file name in the run directory.
         options: ``#SBATCH`` options, ``("nodes", "2")``; value None for flags.
         path_options: ``--output``: passed on the sbatch command line, quoted, because

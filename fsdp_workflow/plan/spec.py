@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.config.load import to_yaml
 from fsdp_workflow.config.model_dir import output_dtype
 from fsdp_workflow.config.rules_env import SAFE_SBATCH_VALUE  # validated before planning
@@ -33,6 +32,7 @@ from fsdp_workflow.config.schema import (
 )
 from fsdp_workflow.container import container_command, in_image, srun_container_args
 from fsdp_workflow.core.config_hash import config_sha256
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.core.rundir import (
     CONSOLIDATE_SBATCH,
     EMA_KEY,

@@ -21,7 +21,7 @@ import pytest
 from fsdp_workflow.config import compose
 from fsdp_workflow.core.rundir import REQUEUE_MARKER
 from fsdp_workflow.backends.local import run_local, shown
-from fsdp_workflow.backends.roles import Role
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.backends.registry import backend_for
 from fsdp_workflow.plan.run_dir import write_run_dir
 from tests.launch.test_complete_inputs import save_step

@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from fsdp_workflow.backends.roles import Role
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import EnvFilter, RUNTIMES, bind_list
 from fsdp_workflow.plan.checks import check as validate

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_workflow.backends.roles import Role
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.plan.spec import wrap_argv
 from fsdp_workflow.backends.registry import backend_for

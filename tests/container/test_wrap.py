@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_workflow.backends.roles import Role
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.config import compose
 from fsdp_workflow.container import RUNTIMES, EnvFilter, bind_list, bind_paths, srun_container_args
 from fsdp_workflow.plan.checks import check as validate

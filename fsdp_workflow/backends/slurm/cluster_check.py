@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import WorkflowConfig
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.backends.slurm.cluster_info import ClusterLimits, Node, Partition, slurm_minutes
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.plan.jobs import NOUN, LaunchPlan, SbatchJob
 
 CHECK_COMMAND = "python -m fsdp_workflow.check"

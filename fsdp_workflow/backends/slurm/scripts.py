@@ -16,11 +16,11 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fsdp_workflow.backends.roles import Role
 from fsdp_workflow.backends.slurm.reasons import NEVER_PATTERN_ERE, POLL_S, WATCH_S, limit_words, never_codes
 from fsdp_workflow.backends.slurm.queue import SQUEUE_FORMAT, TERMINAL_STATES
 from fsdp_workflow.core.config_hash import CONFIG_CHANGED_CAUSE, replan_argv
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_USAGE
+from fsdp_workflow.core.roles import Role
 from fsdp_workflow.core.rundir import (
     CONFIG_FILE,
     EVAL_SBATCH,

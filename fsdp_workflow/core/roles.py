@@ -1,7 +1,9 @@
 """The roles of a run's jobs, one word each: what the planner, the container wrap and every backend call them.
 
-Pure (imports nothing): the planner (``plan/jobs.py``) and the container stage, both below
-the backends, read it; :mod:`fsdp_workflow.backends.base` offers it with the protocol.
+Pure (imports nothing), on the floor every stage may import: the planner (``plan/jobs.py``),
+the container stage (a role is the step a runtime wraps) and every backend name jobs by it;
+:mod:`fsdp_workflow.backends.base` offers it with the protocol. (It lived in ``backends/``, a
+floor above two of its readers: issue 50.)
 """
 
 from __future__ import annotations
