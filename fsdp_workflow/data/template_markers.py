@@ -40,6 +40,9 @@ TEMPLATE_JSON = "chat_template.json"
 # What a turn marker looks like: <|im_start|>, <｜User｜> (DeepSeek), <start_of_turn>, </s>, [INST], [/INST].
 _MARKER = re.compile(r"<\|[^<>|\s]{1,64}\|>|<｜[^<>\s]{1,64}｜>|</?[A-Za-z_][A-Za-z0-9_.:-]{0,63}>"
                      r"|\[/?[A-Z][A-Z_]{1,63}\]")
+# Only a special token is spelled with bars: one of these that the vocabulary splits is refused. A tag or a
+# bracketed word (<answer>, [INST]) may be plain text a template of your own writes on purpose: a warning.
+_SPECIAL = re.compile(r"<\|.*\|>|<｜.*｜>")
 _CONTENT = ("\u2063sys\u2063", "\u2063qu1\u2063", "\u2063an1\u2063", "\u2063qu2\u2063")
 
 
@@ -94,8 +97,9 @@ def template_markers(text: str) -> List[str]:
 def vocabulary_tokens(directory: str) -> Optional[Set[str]]:
     """Every whole token of a tokenizer directory: its vocabulary and its added tokens.
 
-    None when it cannot be read here, or when it is the byte-level tokenizer of the tiny
-    models saved to a directory (a BPE without merges), which is not judged.
+    None without a readable ``tokenizer.json`` (a slow tokenizer's vocabulary is a binary
+    model file), or for the byte-level tokenizer of the tiny models saved to a directory
+    (a BPE without merges): neither is judged.
     """
     tokens: Set[str] = set()
     found = False
@@ -113,19 +117,17 @@ def vocabulary_tokens(directory: str) -> Optional[Set[str]]:
         tokens.update(str(t.get("content")) for t in data.get("added_tokens") or [] if isinstance(t, dict))
         found = True
     except (OSError, ValueError, AttributeError, TypeError):
-        pass
+        return None  # a slow tokenizer's vocabulary is in a binary model file: not judged here
     try:
         with open(os.path.join(directory, TOKENIZER_CONFIG), encoding="utf-8") as f:
             decoder = json.load(f).get("added_tokens_decoder") or {}
         tokens.update(str(t.get("content")) for t in decoder.values() if isinstance(t, dict))
-        found = found or bool(decoder)
     except (OSError, ValueError, AttributeError, TypeError):
         pass
     try:
         with open(os.path.join(directory, ADDED_TOKENS_FILE), encoding="utf-8") as f:
             added = json.load(f)
         tokens.update(str(k) for k in added)
-        found = found or bool(added)
     except (OSError, ValueError, AttributeError, TypeError):
         pass
     return tokens if found else None
@@ -160,8 +162,16 @@ def check_template_markers(cfg: WorkflowConfig, r: ValidationReport) -> None:
         return
     vocab = vocabulary_tokens(directory)
     if vocab is None:
-        return  # cannot be read here (a slow tokenizer only): nothing to judge at planning
-    split = [m for m in template_markers(choice.text) if m not in vocab]
+        return  # no tokenizer.json here, or the tiny models' bytes: nothing to judge at planning
+    unknown = [m for m in template_markers(choice.text) if m not in vocab]
+    split = [m for m in unknown if _SPECIAL.fullmatch(m)]
+    tags = [m for m in unknown if m not in split]
+    if tags:
+        r.warn("data.chat_template", d.chat_template,
+               f"the template {choice.label} writes {', '.join(tags)}, which the tokenizer in {directory} has no "
+               "token for: if these are meant as turn markers, each is split into several ordinary tokens",
+               "fine if they are plain text on purpose; else a template whose markers are tokens of this vocabulary"
+               + (" (data.chat_template=null: the directory's own)" if own else ""))
     if not split:
         if choice.key == "data.fallback_chat_template":
             r.notes.append(f"data: the tokenizer in {directory} has no chat template: "

@@ -127,9 +127,24 @@ def test_a_base_model_whose_vocabulary_splits_the_fallback_is_refused(
     assert "data.chat_template" in proc.stderr and "fallback_chat_template=chatml" in proc.stderr
     assert "<|im_start|>" in proc.stderr
     ok = _dry_run([f"model.name_or_path={base}", f"run_dir={tmp_path / 'named'}",
-                   "data.chat_template='{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}\n"
+                   "data.chat_template='{% for m in messages %}<{{ m.role }}>{{ m.content }}</turn>{{ eos_token }}"
                    "{% endfor %}'"], tmp_path)
-    assert ok.returncode == 0, ok.stdout + ok.stderr  # a plain-text template of the user's own plans
+    # A plain-text template of the user's own plans; its tags, which no token spells, are only a warning.
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "warning: data.chat_template" in ok.stderr and "</turn>" in ok.stderr and "<user>" in ok.stderr
+
+
+def test_a_slow_tokenizer_or_the_byte_level_one_is_not_judged(tmp_path: Path) -> None:
+    """Without tokenizer.json (a binary vocabulary) or with the tiny models' bytes, nothing is refused."""
+    from fsdp_workflow.data.template_markers import vocabulary_tokens
+    from fsdp_workflow.data.tokenizer import byte_level_tokenizer
+
+    byte_level_tokenizer().save_pretrained(tmp_path / "bytes")
+    assert vocabulary_tokens(str(tmp_path / "bytes")) is None
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"0": {"content": "<unk>"}}}))
+    assert vocabulary_tokens(str(tmp_path / "slow")) is None
 
 
 def test_a_template_your_own_experiment_names_counts_as_named(
