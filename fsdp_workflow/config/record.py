@@ -244,6 +244,22 @@ class RunRecord:
                 self.problems.append(f"{self._files.train_exit}: no integer exit_code (found {code!r})")
         return rec
 
+    def train_exit_since(self, since: float) -> Optional[Dict[str, Any]]:
+        """``train_exit.json`` when it was written at or after ``since`` (a ``time.time()``): this attempt's.
+
+        None when absent, older (an earlier attempt's record) or unreadable. Read afresh on each
+        call, never cached: the trainer's ranks and the local launcher ask while a rank may be
+        writing it, and an attempt must not take an earlier attempt's word for its own.
+        """
+        path = self._files.train_exit
+        try:
+            if path.stat().st_mtime < since:
+                return None
+        except OSError:
+            return None
+        rec = read_json_object(path, [])
+        return rec if rec is not None and isinstance(rec.get("exit_code"), int) else None
+
     def job_exit(self, role: str, job_id: str) -> Optional[Dict[str, Any]]:
         """The exit record a job's script wrote (``job_exits/<role>-<id>.json``), if any."""
         return read_record(self._files.job_exit(role, job_id))

@@ -23,12 +23,12 @@ those as well as ``__cause__`` / ``__context__``.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from fsdp_workflow.config.record import open_run
 from fsdp_workflow.config.schema import WorkflowConfig
 from fsdp_workflow.core.commands import hydra_value, shell
 from fsdp_workflow.core.exit_codes import DISK_FULL_ERRNOS, EXIT_PEER_TIMEOUT
@@ -122,7 +122,7 @@ def usage_errors() -> Tuple[type, ...]:
     return (StrategyError, DataError, OptimizerError, CheckpointError, LossConfigError, ResumeError, FileNotFoundError)
 
 
-def peer_timeout_reported(train_exit: Path, since: float) -> bool:
+def peer_timeout_reported(run_dir: Path, since: float) -> bool:
     """Whether another rank already wrote a peer-timeout ``train_exit.json`` in this attempt.
 
     The first rank to time out is the one that really waited; its report stands. A
@@ -132,16 +132,13 @@ def peer_timeout_reported(train_exit: Path, since: float) -> bool:
     no one and must not replace the one that does.
 
     Args:
-        train_exit: ``RUN_DIR/train_exit.json``.
+        run_dir: the run directory; its record (:meth:`RunRecord.train_exit_since`) reads
+            ``train_exit.json``, the one reader of that file.
         since: when this attempt's process started (``time.time()``); older records are
             an earlier attempt's.
     """
-    try:
-        if train_exit.stat().st_mtime < since:
-            return False
-        return json.loads(train_exit.read_text()).get("exit_code") == EXIT_PEER_TIMEOUT
-    except (OSError, ValueError):
-        return False
+    rec = open_run(run_dir).train_exit_since(since)
+    return rec is not None and rec.get("exit_code") == EXIT_PEER_TIMEOUT
 
 
 def after_divergence(run: RunDir, step: int, cfg: WorkflowConfig) -> str:

@@ -381,7 +381,7 @@ def failed_outcome(exc: BaseException, run: RunDir, cfg: WorkflowConfig, ranks: 
     else:
         raise exc
     # A timeout is seen by the ranks still answering, which may not include rank 0.
-    first_report = outcome.exit_code != EXIT_PEER_TIMEOUT or not peer_timeout_reported(run.train_exit, started)
+    first_report = outcome.exit_code != EXIT_PEER_TIMEOUT or not peer_timeout_reported(run.root, started)
     if (ranks.rank == 0 or outcome.exit_code == EXIT_PEER_TIMEOUT) and first_report:
         record_exit(run, outcome)
     else:

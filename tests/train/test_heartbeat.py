@@ -75,14 +75,14 @@ def test_the_first_peer_timeout_report_of_an_attempt_stands(tmp_path: Path) -> N
     the two-node test Slurm under load). Earlier attempts' records and other exits do not count."""
     path = tmp_path / "train_exit.json"
     started = time.time()
-    assert not peer_timeout_reported(path, started)  # nothing written yet
+    assert not peer_timeout_reported(tmp_path, started)  # nothing written yet
     path.write_text(json.dumps({"exit_code": 76, "reason": "rank 1 on n2 (pid 9) stopped answering"}))
-    assert peer_timeout_reported(path, started)
-    assert not peer_timeout_reported(path, started + 3600)  # written before this attempt began
+    assert peer_timeout_reported(tmp_path, started)
+    assert not peer_timeout_reported(tmp_path, started + 3600)  # written before this attempt began
     path.write_text(json.dumps({"exit_code": 74, "reason": "disk full"}))
-    assert not peer_timeout_reported(path, started)
+    assert not peer_timeout_reported(tmp_path, started)
     path.write_text("{not json")
-    assert not peer_timeout_reported(path, started)
+    assert not peer_timeout_reported(tmp_path, started)
 
 
 def test_disk_full_is_found_inside_dcps_per_rank_failures(tmp_path: Path) -> None:
