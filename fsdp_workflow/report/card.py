@@ -68,6 +68,9 @@ class RunFacts:
     held_out: dict[str, Any] | None = None  # evals.jsonl's ``ok`` record for step N
     provenance: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # one line per data source (report.sources)
+    # the libraries that trained (train_exit.json), else those the run was planned with (provenance.json)
+    versions: dict[str, Any] = field(default_factory=dict)
+    versions_from: str = ""
     chat_template: str | None = None  # the template the data was rendered with, named (None: none was)
 
 
@@ -112,6 +115,12 @@ def read_run_facts(record: RunRecord, steps: Sequence[int]) -> RunFacts:
     meta = run_sources.cache_meta(record) or {}  # through the module: tests stand in for the cache
     facts = RunFacts(record.root, record.config, sorted(steps), provenance=record.provenance or {},
                      sources=source_lines(record, meta), chat_template=_template_name(meta))
+    for origin, rec in (("the trainer's, train_exit.json", record.train_exit),
+                        ("planned with, provenance.json", facts.provenance)):
+        versions = (rec or {}).get("versions")
+        if isinstance(versions, dict) and versions:
+            facts.versions, facts.versions_from = versions, origin
+            break
     if not steps:
         return facts
     last = max(steps)
@@ -317,6 +326,9 @@ def _training_rows(base: _Base, facts: RunFacts | None, cfg: WorkflowConfig | No
     revision = facts.provenance.get("git_revision")
     if isinstance(revision, str) and revision:
         rows.append(("fsdp_workflow revision", f"`{_code(revision)}`"))
+    libraries = [f"{name} {version}" for name, version in facts.versions.items() if isinstance(version, str)]
+    if libraries:
+        rows.append(("libraries", f"{', '.join(libraries)} ({facts.versions_from})"))
     return rows
 
 

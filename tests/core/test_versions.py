@@ -93,3 +93,20 @@ def test_provenance_records_the_planning_environment(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     recorded = json.loads((run / "provenance.json").read_text())["versions"]
     assert recorded == versions.installed() and recorded["transformers"] == metadata.version("transformers")
+
+
+def test_the_card_names_the_libraries_that_trained(tmp_path: Path) -> None:
+    """train_exit.json's versions (the trainer's environment) win over provenance.json's (the planner's)."""
+    from huggingface_hub import ModelCard
+
+    from tests.consolidate.test_hf_assets import tiny_model
+    from tests.report.test_card import make_run, ship
+
+    run = make_run(tmp_path / "run", tiny_model(tied=True))
+    run.provenance.write_text(json.dumps({"git_revision": "abc", "versions": {"torch": "0.0-planner"}}))
+    run.train_exit.write_text(json.dumps({"exit_code": 0, "reason": "finished", "step": 5, "checkpoint": None,
+                                          "versions": {"torch": "2.13.0+cpu", "transformers": "5.25.0",
+                                                       "deepspeed": None}}))
+    text = ModelCard.load(ship(run.root, tmp_path / "out", run.root)).text
+    assert "| libraries | torch 2.13.0+cpu, transformers 5.25.0 (the trainer's, train_exit.json) |" in text
+    assert "0.0-planner" not in text
