@@ -26,17 +26,26 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from typing import List, Optional
 
 from fsdp_workflow.config.errors import Issue
 from fsdp_workflow.config.schema import WorkflowConfig
 
 _NAMES_NOT_PATHS = ("auto", "none")  # checkpoint.resume's words
+# A scheme then "://": what a data path given as a URL starts with. The data rules refuse it by name
+# (fsdp_workflow/data/rules_path.py): made absolute, it was a local path that did not exist.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def absolute(path: str) -> str:
     """``path`` with ``~`` expanded, made absolute against the working directory (not normalised further)."""
     return os.path.abspath(os.path.expanduser(path))
+
+
+def is_url(value: str) -> bool:
+    """A value spelled as a URL (``hf://``, ``https://``, ``s3://``...): never a local path, never made one."""
+    return bool(_URL.match(value.strip()))
 
 
 def _is_path(value: str) -> bool:
@@ -64,12 +73,12 @@ def make_paths_absolute(cfg: WorkflowConfig) -> None:
     if cfg.run_dir.strip():
         cfg.run_dir = absolute(cfg.run_dir)
     d = cfg.data
-    if d.path:
+    if d.path and not is_url(d.path):
         d.path = absolute(d.path)
-    if d.eval_path:
+    if d.eval_path and not is_url(d.eval_path):
         d.eval_path = absolute(d.eval_path)
     for source in d.sources:
-        if source.path:
+        if source.path and not is_url(source.path):
             source.path = absolute(source.path)
     if d.cache_dir:
         d.cache_dir = absolute(d.cache_dir)
@@ -167,5 +176,5 @@ def path_issues(cfg: WorkflowConfig) -> List[Issue]:
             "cluster.env_script": cfg.cluster.env_script,
             **{f"data.sources[{i}].path": s.path for i, s in enumerate(d.sources)}}
     issues = [path_problem(key, value, writes=True) for key, value in written.items() if value]
-    issues += [path_problem(key, value, writes=False) for key, value in read.items() if value]
+    issues += [path_problem(key, value, writes=False) for key, value in read.items() if value and not is_url(value)]
     return [i for i in issues if i is not None]

@@ -20,6 +20,7 @@ from fsdp_workflow.config.schema import (
     ModelInit,
     WorkflowConfig,
 )
+from fsdp_workflow.config.path_keys import is_url
 from fsdp_workflow.core.paths import output_overlap
 from fsdp_workflow.core.rundir import CHECKPOINTS_DIR, HF_MODEL_DIR, STEP_PREFIX, RunDir, parse_step
 from fsdp_workflow.core.sizes import parse_size
@@ -37,8 +38,8 @@ def _exists(path: str) -> bool:
 
 def _check_path(cfg: WorkflowConfig, r: ValidationReport, key: str, path: Optional[str], what: str) -> None:
     """Missing path: error for a real local run, warning otherwise (it may exist on the cluster)."""
-    if not path or _exists(path):
-        return
+    if not path or _exists(path) or is_url(path):
+        return  # a URL: refused by name with the data rules (fsdp_workflow/data/rules_path.py)
     hard = cfg.cluster.kind == ClusterKind.local and not cfg.dry_run
     where = "on this machine" if hard else "here (fine if it exists on the cluster's shared filesystem)"
     (r.error if hard else r.warn)(

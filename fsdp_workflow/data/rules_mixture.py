@@ -13,6 +13,7 @@ import math
 import os
 
 from fsdp_workflow.config.errors import ValidationReport
+from fsdp_workflow.config.path_keys import is_url
 from fsdp_workflow.config.schema import ClusterKind, DataSource, WorkflowConfig
 
 _EXAMPLE = "data.sources='[{path: /data/a.jsonl, weight: 3}, {path: /data/b.jsonl, weight: 1}]'"
@@ -47,7 +48,7 @@ def check_sources(cfg: WorkflowConfig, r: ValidationReport) -> None:
                     f"{key}.source=jsonl (or text, parquet, hf_disk), or data.source=jsonl for every source")
         if not s.path:
             r.error(f"{key}.path", s.path, "every source needs its files", f"{key}.path=/path/to/data.jsonl")
-        elif not _exists(str(s.path)):
+        elif not _exists(str(s.path)) and not is_url(str(s.path)):  # a URL: rules_path names it
             where = "on this machine" if hard else "here (fine if it exists on the cluster's shared filesystem)"
             (r.error if hard else r.warn)(f"{key}.path", s.path, f"the source's data does not exist {where}",
                                           f"{key}.path=/absolute/path/that/exists")
