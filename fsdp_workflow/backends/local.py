@@ -9,6 +9,14 @@ One run per run directory: :func:`run_local` holds ``RUN_DIR/.lock``
 command on the same directory is refused at once, naming the holder. Rank 0 sees
 the launcher, its ancestor, holding it and trains under it (:mod:`fsdp_workflow.train.runlock`).
 
+No orphans: every process this command starts (the node script, the data, consolidation
+and model-card steps, their helper) gets the lock's descriptor, so the lock is held until
+the last of them has exited, and SIGTERM from the kernel when this command dies, however
+it dies (``kill -9``, the OOM killer, a closed terminal): the node launcher then stops its
+ranks as it does for a scheduler's SIGTERM (they checkpoint their step and exit 75), and
+each rank dies with the process that forked it (:mod:`fsdp_workflow.core.lifeline`). A
+second command on the run directory is refused until they are all gone, naming them.
+
 Signals: SIGUSR2, SIGTERM or SIGINT (Ctrl-C) sent to ``python -m fsdp_workflow``
 go to the process group of ``train_node.sh``, which has become torchrun
 (``exec``). torchrun starts every rank in a session of its own and re-sends the
@@ -50,6 +58,7 @@ from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
+from fsdp_workflow.core.lifeline import child_dies_with_me
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.backends.finished import finished_message
@@ -70,7 +79,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(argv: List[str], env: dict, warm: Optional[WarmSteps] = None) -> int:
+def _started(argv: List[str], env: dict, keep_fds: Tuple[int, ...], **kwargs) -> subprocess.Popen:
+    """A child of this command in a session of its own, given ``keep_fds`` (the run's lock), and
+    SIGTERM from the kernel if this command dies first (:mod:`fsdp_workflow.core.lifeline`).
+
+    Called from the thread that then waits for the child: the signal follows that thread's end.
+    """
+    return subprocess.Popen(argv, env=env, start_new_session=True, pass_fds=keep_fds,
+                            preexec_fn=child_dies_with_me(signal.SIGTERM), **kwargs)
+
+
+def _run(argv: List[str], env: dict, warm: Optional[WarmSteps] = None, keep_fds: Tuple[int, ...] = ()) -> int:
     """Run a child in its own process group; forward SIGINT/SIGTERM/SIGUSR2 to all of it.
 
     With ``warm``, a step it can fork (:func:`fsdp_workflow.backends.warm.step_module`) is
@@ -93,7 +112,7 @@ def _run(argv: List[str], env: dict, warm: Optional[WarmSteps] = None) -> int:
     try:
         pid = warm.begin(argv, env) if warm is not None else None
         if pid is None:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True)
+            proc = _started(argv, env, keep_fds)
             pid, wait = proc.pid, proc.wait
         else:
             wait = warm.wait
@@ -119,7 +138,7 @@ class TrainRun:
     ctrl_c: bool  # at least one Ctrl-C reached the launch
 
 
-def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
+def _run_training(argv: List[str], env: dict, log_path: Path, keep_fds: Tuple[int, ...] = ()) -> TrainRun:
     """Run the node script with its output filtered to the terminal and kept whole in ``log_path``.
 
     The first SIGINT/SIGTERM/SIGUSR2 goes to torchrun's group (it forwards it to
@@ -128,8 +147,7 @@ def _run_training(argv: List[str], env: dict, log_path: Path) -> TrainRun:
     reader, writer = output_channel()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer,
-                                start_new_session=True)
+        proc = _started(argv, env, keep_fds, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer)
         os.close(writer)
         state = {"sigint": 0, "killed": False}
 
@@ -235,7 +253,7 @@ def run_local(plan: LaunchPlan, consolidate: bool, lock: Optional[Lock] = None) 
             log.error("[fsdp_workflow] refused: %s", err)
             return EXIT_USAGE
     try:
-        return _run_locked(plan, consolidate)
+        return _run_locked(plan, consolidate, held)
     finally:
         if lock is None:
             held.release()
@@ -299,8 +317,21 @@ def _worth_a_helper(jobs: Sequence[SbatchJob]) -> bool:
     return verified and len(forkable) >= 2
 
 
-def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
-    """:func:`run_local` once the lock is held: the plan's chain, job after job, as Slurm would."""
+@dataclass
+class _Steps:
+    """How this command starts the chain's steps: their environment, the descriptors they keep
+    (the run's lock), and the helper that forks the steps it can (None: each is started)."""
+
+    env: dict
+    keep_fds: Tuple[int, ...]
+    warm: Optional[WarmSteps] = None
+
+    def run(self, argv: List[str]) -> int:
+        return _run(argv, self.env, self.warm, self.keep_fds)
+
+
+def _run_locked(plan: LaunchPlan, consolidate: bool, lock: Lock) -> int:
+    """:func:`run_local` once ``lock`` is held: the plan's chain, job after job, as Slurm would."""
     layout = plan.layout
     # The same command again after the run ended: nothing to train, and a merge (hours and the
     # model's size in RAM on a large model) that would only rewrite the same verified weights.
@@ -324,19 +355,21 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
         if job.role == Role.consolidate and not consolidate:
             break
         jobs.append(job)
-    warm = WarmSteps.start(env) if _worth_a_helper(jobs) else None
+    # Every process started from here holds the lock with this command (see the module's docstring).
+    steps = _Steps(env, (lock.fileno(),))
+    steps.warm = WarmSteps.start(env, steps.keep_fds) if _worth_a_helper(jobs) else None
     consolidated = None
     try:
         for job in jobs:
             assert job.role in _JOB_RUNNERS, f"the local launcher has no runner for the chain's {job.role} job"
-            rc = _JOB_RUNNERS[job.role](plan, job, env, warm)
+            rc = _JOB_RUNNERS[job.role](plan, job, steps)
             if rc is not None:
                 return rc
             if job.role == Role.consolidate:
                 consolidated = job
     finally:
-        if warm is not None:
-            warm.close()
+        if steps.warm is not None:
+            steps.warm.close()
     if consolidated is None:
         log.info("[fsdp_workflow] done; checkpoints in %s", layout.checkpoints)
         return 0
@@ -348,10 +381,10 @@ def _run_locked(plan: LaunchPlan, consolidate: bool) -> int:
     return 0
 
 
-def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
+def _prepare(plan: LaunchPlan, job: SbatchJob, steps: _Steps) -> Optional[int]:
     """The data preparation job; None once it succeeded, else the command's exit code."""
     log.info("[fsdp_workflow] preparing the data (tokenise, mask, pack once)")
-    rc = _run(_this_python(job.argv), env, warm)
+    rc = steps.run(_this_python(job.argv))
     stopped = _stopped(rc)
     if stopped:
         print(f"[fsdp_workflow] {stopped[1]} while preparing the data (exit {stopped[0]}); "
@@ -364,13 +397,13 @@ def _prepare(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSte
     return None
 
 
-def _train(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
+def _train(plan: LaunchPlan, job: SbatchJob, steps: _Steps) -> Optional[int]:
     """The training job (``train_node.sh`` under this launcher); None once it succeeded."""
     layout = plan.layout
     log_path = layout.logs / LOCAL_TRAIN_LOG
     log.info("[fsdp_workflow] training: log %s, metrics in %s", log_path, layout.metrics)
     started = time.time()
-    run = _run_training(job.argv, env, log_path)
+    run = _run_training(job.argv, steps.env, log_path, steps.keep_fds)
     if run.interrupted:
         latest = layout.latest_checkpoint()
         kept = str(latest[1]) if latest else "none yet"
@@ -395,12 +428,12 @@ def _train(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps
     return code
 
 
-def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[WarmSteps]) -> Optional[int]:
+def _consolidate(plan: LaunchPlan, job: SbatchJob, steps: _Steps) -> Optional[int]:
     """The consolidation job: the EMA's first (it never removes the shards), the model's, then its card."""
     for cons in [*job.before_argvs, job.argv]:
         argv = _this_python(cons)
         log.info("[fsdp_workflow] consolidating: %s", shown(argv))
-        rc = _run(argv, env, warm)
+        rc = steps.run(argv)
         stopped = _stopped(rc)
         if stopped:
             print(f"[fsdp_workflow] {stopped[1]} while consolidating (exit {stopped[0]}); the "
@@ -411,7 +444,7 @@ def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[War
             log.error("[fsdp_workflow] consolidation failed (%s); the checkpoints are untouched.", _code_words(rc))
             return rc
     for card in job.after_argvs:  # the report stage: README.md (and loss_curve.png) beside the verified weights
-        rc = _run(_this_python(card), env, warm)
+        rc = steps.run(_this_python(card))
         if rc != 0:
             log.error("[fsdp_workflow] the model card command failed (%s); the model is verified and "
                       "in place.", _code_words(rc))
@@ -420,7 +453,7 @@ def _consolidate(plan: LaunchPlan, job: SbatchJob, env: dict, warm: Optional[War
 
 
 # What this machine runs for each role of the plan's chain (the per-checkpoint eval job is Slurm's alone).
-_JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, dict, Optional[WarmSteps]], Optional[int]]] = {
+_JOB_RUNNERS: Dict[str, Callable[[LaunchPlan, SbatchJob, _Steps], Optional[int]]] = {
     Role.prepare: _prepare,
     Role.train: _train,
     Role.consolidate: _consolidate,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import warnings
 from typing import List, Optional, Sequence, Tuple
 
 from fsdp_workflow.core.fastexit import exit_now
+from fsdp_workflow.core.lifeline import arm, child_dies_with_me
 
 # The steps that may be forked, and what the helper imports for them: the consolidation's
 # from_pretrained check needs torch and transformers' modeling code, the data step the tokenizer.
@@ -65,12 +67,20 @@ class WarmSteps:
         self.env = dict(env)
 
     @classmethod
-    def start(cls, env: dict) -> Optional["WarmSteps"]:
-        """The helper, importing :data:`PRELOAD` in the background; None where it cannot start."""
+    def start(cls, env: dict, keep_fds: Sequence[int] = ()) -> Optional["WarmSteps"]:
+        """The helper, importing :data:`PRELOAD` in the background; None where it cannot start.
+
+        Args:
+            env: the environment of the steps it will fork.
+            keep_fds: descriptors the helper and its steps keep open (the run's lock, which they
+                then hold with the launcher). The helper gets SIGTERM when the launcher dies, and
+                each step when the helper does (:mod:`fsdp_workflow.core.lifeline`).
+        """
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())], env=env,
-                                    stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
+                                    stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(), *keep_fds),
+                                    start_new_session=True, preexec_fn=child_dies_with_me(signal.SIGTERM))
         except OSError:
             ours.close()
             return None
@@ -111,15 +121,15 @@ class WarmSteps:
             self._proc.wait()
 
 
-def _run_step(module: str, args: List[str], cwd: str, stdio: List[int], ready_w: int) -> None:
+def _run_step(module: str, args: List[str], cwd: str, stdio: List[int], ready_w: int, helper: int) -> None:
     """The forked step: ``python -m MODULE ARGS`` in a session of its own; never returns."""
     import runpy
-    import signal
     import traceback
 
     code, signum = 1, None
     try:
         os.setsid()  # as the launcher's own children are started: a signal reaches the step's group only
+        arm(signal.SIGTERM, helper)  # the helper dies with the launcher; its step with it, as a started one would
         os.write(ready_w, b"1")
         os.close(ready_w)
         for target, fd in enumerate(stdio):  # the launcher's standard streams, as a started step has them
@@ -171,6 +181,7 @@ def serve(fd: int) -> None:
             break
         req, stdio = got
         ready_r, ready_w = os.pipe()
+        me = os.getpid()
         with warnings.catch_warnings():
             # Python 3.12+ warns of a fork in a process with threads: the idle native threads importing
             # torch starts. The step runs as the node launcher's forked ranks do with them imported.
@@ -180,7 +191,7 @@ def serve(fd: int) -> None:
         if pid == 0:
             os.close(ready_r)
             sock.close()
-            _run_step(req["module"], req["args"], req["cwd"], stdio, ready_w)
+            _run_step(req["module"], req["args"], req["cwd"], stdio, ready_w, me)
         for passed in (ready_w, *stdio):
             os.close(passed)
         os.read(ready_r, 1)  # the step is in its own session (or already gone)

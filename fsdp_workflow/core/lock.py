@@ -12,6 +12,12 @@ lock that the user must delete by hand, and a requeued Slurm job takes the lock
 back simply by acquiring it again. The file itself is left in place (removing
 it would race with a second process that has already opened it).
 
+The lock belongs to the open file, not to one process: a holder that passes its
+descriptor to a child (:meth:`Lock.fileno`, ``pass_fds``) shares it, and the kernel
+frees it only when every process holding it has exited. The local launcher passes
+it to everything it starts, so a run whose command was killed stays locked until
+its last process is gone; the refusal then names those processes (:func:`openers`).
+
 What ``flock`` promises on shared filesystems:
 
 - local disks, tmpfs: exact.
@@ -39,7 +45,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -93,6 +99,53 @@ def _parent_pid(pid: int) -> Optional[int]:
         return None
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def openers(path: PathLike, limit: int = 4) -> List[str]:
+    """The live processes on this host that have ``path`` open (``pid N (command line)``), at most ``limit``.
+
+    A holder's children keep the lock it passed them (the local launcher's node script and
+    steps) after it died; the lock file names the dead holder, this names who holds it now.
+    Only the processes this user may inspect are seen (/proc/PID/fd).
+    """
+    try:
+        target = os.stat(path)
+    except OSError:
+        return []
+    found: List[str] = []
+    for entry in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)) if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                except OSError:
+                    cmd = "?"
+                found.append(f"pid {entry} ({cmd[:120]})")
+                break
+        if len(found) >= limit:
+            break
+    return found
+
+
 class LockHeld(RuntimeError):
     """The lock is held by someone else (named in the message)."""
 
@@ -100,6 +153,11 @@ class LockHeld(RuntimeError):
         self.path = path
         self.holder = holder
         who = holder.describe() if holder else "another process (it has not written its name yet)"
+        if holder is not None and holder.host == socket.gethostname() and not _alive(holder.pid):
+            # Its processes hold the lock it passed them (fsdp_workflow.core.lifeline stops them).
+            still = openers(path)
+            who += (f" (pid {holder.pid} has ended; processes it started still hold the lock: "
+                    f"{', '.join(still) if still else 'not visible to this user'})")
         about = subject or str(path.parent)
         super().__init__(f"{about} is in use by {who} (lock file {path}). Wait for it to finish, "
                          "or stop it; the lock is released as soon as that process exits.")
@@ -150,6 +208,12 @@ class Lock:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def fileno(self) -> int:
+        """The locked descriptor. A child given it (``pass_fds``) shares the lock: the kernel frees it
+        only when the last process holding the descriptor has closed it or died."""
+        assert self._fd is not None, "the lock was released"
+        return self._fd
 
     def release(self) -> None:
         if self._fd is None:

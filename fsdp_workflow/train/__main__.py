@@ -79,8 +79,26 @@ def _log_placement() -> None:
     os.write(sys.stderr.fileno(), line.encode())
 
 
+def _die_with_the_agent() -> None:
+    """A rank that torchrun's agent started (``torchrun -m``) gets SIGKILL when the agent dies.
+
+    The agent stops its ranks on every signal it handles; killed itself (``kill -9``, the OOM
+    killer), it would leave them training with nobody to stop them (issue 49, item 4). Only
+    under an agent (its ``TORCHELASTIC_RESTART_COUNT``): a trainer run by hand from a shell
+    must outlive that shell as any program does. A rank forked by ``fsdp_workflow.train.node``
+    arms the same for its forkserver there.
+    """
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        import signal
+
+        from fsdp_workflow.core.lifeline import arm
+
+        arm(signal.SIGKILL, os.getppid())
+
+
 if __name__ == "__main__":
     from fsdp_workflow.train.signals import install_early
 
+    _die_with_the_agent()
     install_early()  # a Ctrl-C while torch imports stops after the first step, without a traceback
     sys.exit(main())

@@ -30,6 +30,13 @@ own (``auto``) for CPU runs until a GPU run has confirmed it (docs/training.md,
 
 A rank ends as it would under ``torchrun -m``: its exit code is the trainer's, its
 output unbuffered (``python -u``), its ``atexit`` functions run.
+
+No orphans (:mod:`fsdp_workflow.core.lifeline`): the forked server gets SIGKILL when the
+launcher dies, and each rank when the server that forked it does, so a node launcher
+killed with ``kill -9`` takes its ranks along (the server's "alive" pipe alone would not
+end it: every rank holds a copy of its write end). The server and the ranks keep the
+descriptors the launcher inherited on ``RUN_DIR/.lock``: the local launcher's lock
+(:mod:`fsdp_workflow.backends.local`) is then held until the last rank has exited.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import socket
 import sys
 import traceback
 import warnings
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 TRAINER = "fsdp_workflow.train"
 # Imported once before the forkserver forks any rank (what and why: its docstring).
@@ -56,6 +63,9 @@ GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
 # (3.10 to 3.12 and 3.13's layout); any other layout (3.14's authenticated server) gets the spawned one.
 _FORKSERVER_FIELDS = frozenset({"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid",
                                 "_inherited_fds", "_lock", "_preload_modules"})
+# The forked server's pid, set in the server itself (:func:`_serve`): each rank it forks inherits it,
+# and arms its parent-death signal for exactly that parent. None in the launcher and a spawned server.
+_SERVER_PID: Optional[int] = None
 
 
 def rank_main(run_dir: str) -> None:
@@ -68,7 +78,7 @@ def rank_main(run_dir: str) -> None:
     for sig in GROUP_SIGNALS:  # as an exec'd rank has them: torchrun's agent handles each, exec resets it
         signal.signal(sig, signal.SIG_DFL)
     install_early()  # then, as `python -m fsdp_workflow.train` does first: a signal from here on is kept
-    _no_parent_death_signal()
+    _die_with_the_server()
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -94,12 +104,13 @@ def rank_main(run_dir: str) -> None:
         raise SystemExit(code)  # torchrun's agent reports it, as for an exec'd rank
 
 
-def _no_parent_death_signal() -> None:
-    """torch's multiprocessing asks for SIGINT when the parent dies; the parent here is the forkserver,
-    not the agent, and torchrun's exec'd ranks have no such signal: clear it (Linux; elsewhere a no-op)."""
-    from torch.multiprocessing import _prctl_pr_set_pdeathsig
+def _die_with_the_server() -> None:
+    """SIGKILL when the forkserver dies (with the agent), in place of the SIGINT torch's multiprocessing
+    asks for: SIGINT would have the rank checkpoint with no agent left to stop or reap it. An exec'd
+    rank asks for the same when its agent dies (``python -m fsdp_workflow.train``). Linux; elsewhere a no-op."""
+    from fsdp_workflow.core.lifeline import arm
 
-    _prctl_pr_set_pdeathsig(0)
+    arm(signal.SIGKILL, _SERVER_PID if _SERVER_PID is not None else os.getppid())
 
 
 def _refusal(args) -> Optional[str]:
@@ -132,22 +143,44 @@ def run(argv: Optional[List[str]] = None) -> None:
 
     config, run_dir = launch_config(argv)
     try:
-        start_server()  # before the agent's first thread and socket (its rendezvous)
+        start_server(run_lock_fds(run_dir))  # before the agent's first thread and socket (its rendezvous)
         elastic_launch(config=config, entrypoint=rank_main)(run_dir)
     finally:
         _stop_helpers()
 
 
-def start_server() -> None:
+def run_lock_fds(run_dir: str) -> List[int]:
+    """This process's descriptors open on ``RUN_DIR/.lock``: the lock the local launcher passed down."""
+    from fsdp_workflow.core.rundir import RunDir
+
+    try:
+        lock = os.stat(RunDir.of(run_dir).lock)
+    except OSError:
+        return []
+    out = []
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            st = os.stat(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+        if (st.st_dev, st.st_ino) == (lock.st_dev, lock.st_ino):
+            out.append(int(name))
+    return out
+
+
+def start_server(keep_fds: Sequence[int] = ()) -> None:
     """Start the forkserver the agent's ``start_processes`` will use: forked from here after importing
-    :data:`PRELOAD`, or spawned by multiprocessing with it. Either ignores :data:`GROUP_SIGNALS`."""
+    :data:`PRELOAD`, or spawned by multiprocessing with it. Either ignores :data:`GROUP_SIGNALS`.
+
+    ``keep_fds``: descriptors the forked server keeps open for the ranks it forks (the run's lock).
+    """
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
     if set(vars(server)) <= _FORKSERVER_FIELDS and server._forkserver_pid is None:
         for name in PRELOAD:
             importlib.import_module(name)
-        _fork_server(server)
+        _fork_server(server, keep_fds)
         return
     multiprocessing.set_forkserver_preload(PRELOAD)
     old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in GROUP_SIGNALS}  # SIG_IGN survives the exec
@@ -158,7 +191,7 @@ def start_server() -> None:
             signal.signal(sig, handler)
 
 
-def _fork_server(server: Any) -> None:
+def _fork_server(server: Any, keep_fds: Sequence[int] = ()) -> None:
     """What ``ForkServer.ensure_running`` does, with ``os.fork()`` in place of its exec of a new
     interpreter: the server is this process as it is now, modules imported, before the agent starts
     its threads and opens its sockets. The child keeps stdin/out/err, the listening socket and the read end of the
@@ -174,6 +207,7 @@ def _fork_server(server: Any) -> None:
                 os.chmod(address, 0o600)
             listener.listen()
             alive_r, alive_w = os.pipe()
+            launcher = os.getpid()
             try:
                 with warnings.catch_warnings():
                     # Python 3.12+ warns of any fork in a process with threads: here the idle native
@@ -187,19 +221,25 @@ def _fork_server(server: Any) -> None:
                 os.close(alive_w)
                 raise
             if pid == 0:
-                _serve(listener.fileno(), alive_r)  # never returns
+                _serve(listener.fileno(), alive_r, keep_fds, launcher)  # never returns
             os.close(alive_r)
         server._forkserver_address = address
         server._forkserver_alive_fd = alive_w
         server._forkserver_pid = pid
 
 
-def _serve(listener_fd: int, alive_r: int) -> None:
+def _serve(listener_fd: int, alive_r: int, keep_fds: Sequence[int] = (), launcher: Optional[int] = None) -> None:
     """The forked server's whole life: multiprocessing's own server loop, then ``os._exit`` (the
     launcher's ``atexit`` functions and ``finally`` blocks are not the server's to run)."""
+    global _SERVER_PID
     code = 1
     try:
-        for low, high in _gaps(sorted({0, 1, 2, listener_fd, alive_r})):
+        if launcher is not None:  # the launcher's main thread forked it, and lives as long as the launcher
+            from fsdp_workflow.core.lifeline import arm
+
+            arm(signal.SIGKILL, launcher)
+        _SERVER_PID = os.getpid()
+        for low, high in _gaps(sorted({0, 1, 2, listener_fd, alive_r, *keep_fds})):
             os.closerange(low, high)
         for sig in GROUP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)

@@ -309,6 +309,90 @@ def test_a_trainer_started_by_hand_on_a_locked_run_dir_is_refused(tmp_path: Path
     assert sorted(p.name for p in run.iterdir()) == sorted([*before, ".lock"])
 
 
+def _alive_of(pids: list) -> list:
+    from tests.train.runner import alive, cmdline
+
+    return [f"{pid} ({cmdline(pid)})" for pid in pids if alive(pid)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["auto", "exec"])  # a CPU run's forked ranks; torchrun -m, a GPU run's default
+def test_kill_9_of_the_cli_takes_its_launcher_and_ranks_and_the_lock_covers_them_until_then(
+        start: str, tmp_path: Path) -> None:
+    """``kill -9`` of ``python -m fsdp_workflow`` mid-training: no orphan rank, no second writer (issue 49, item 4).
+
+    The command's processes are frozen (SIGSTOP) before the kill, so that however loaded the
+    machine, the same command runs while they still live: it must be refused, naming a live
+    process of the run (the killed command's own pid is gone). Thawed, they die of the
+    parent-death signal (the launcher stops its ranks, which checkpoint the step they are in),
+    and the same command then resumes the run (once: that part does not depend on the start).
+    """
+    from tests.train.runner import (cli_argv, descendants, kill_tree, log_text, metrics_steps, rank_pids,
+                                    start_cli, wait_for_step, _process_env)
+
+    run = tmp_path / "run"
+    args = ["cluster=local", "cluster.device=cpu", "cluster.processes_per_node=2", "train.seq_len=64",
+            "train.max_steps=100000", "checkpoint.every_steps=0", "consolidate.enabled=false",
+            f"cluster.rank_start={start}"]
+    first = start_cli(run, args)
+    family: list = []
+    try:
+        wait_for_step(run, 1, first, timeout_s=180)
+        family = descendants(first.pid)  # the node launcher, its forkserver and resource tracker, the ranks
+        launchers = [p for p in family if rank_pids(p)]
+        assert len(launchers) == 1 and len(rank_pids(launchers[0])) == 2, (family, log_text(run)[-3000:])
+        for pid in family:
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        second = subprocess.Popen(cli_argv(run, args), env=_process_env(), cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, second_err = second.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # it trains: the same command was accepted beside the killed one's ranks
+            kill_tree(second)
+            second_err = "(accepted: still running after 120 s) " + log_text(run)[-2000:]
+        finally:
+            for pid in family:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        # Refused while they live, naming them: before, the lock went with the killed command and
+        # the second command trained into the same directory beside the orphans.
+        assert second.returncode == 2, (second.returncode, second_err[-3000:], _alive_of(family))
+        assert "run directory in use" in second_err, second_err[-3000:]
+        assert f"pid {first.pid}" in second_err and "has ended" in second_err, second_err[-3000:]
+        assert f"pid {launchers[0]}" in second_err, second_err[-3000:]
+        t0 = time.monotonic()
+        while _alive_of(family) and time.monotonic() - t0 < 60:
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        assert not _alive_of(family), f"outlived the command by {took:.0f} s: {_alive_of(family)}"
+    finally:
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert took < 30, took  # a step and its checkpoint on a tiny model; torchrun's own limit is 30 s
+    # The launcher stopped its ranks as a scheduler's SIGTERM does: the step they were in is saved.
+    info = json.loads((run / "train_exit.json").read_text())
+    assert info["exit_code"] == 75 and "SIGTERM" in info["reason"], info
+    step = info["step"]
+    assert (run / "checkpoints" / f"step-{step}" / ".metadata").is_file()
+    if start != "auto":
+        return
+    # Gone, they hold nothing: the same command resumes from that checkpoint and trains on.
+    again = start_cli(run, args)
+    try:
+        wait_for_step(run, step + 1, again, timeout_s=180)
+    finally:
+        kill_tree(again)
+    assert f"resumed from {run / 'checkpoints' / f'step-{step}'}" in log_text(run)
+    assert max(metrics_steps(run)) > step
+
+
 # ---------------------------------------------------------------- torchrun's output (issue 24, item 8)
 RANK_TRACEBACK = """Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main

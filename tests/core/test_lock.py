@@ -75,3 +75,36 @@ def test_a_descendant_of_the_holder_knows_the_lock_is_held_for_it(tmp_path: Path
     finally:
         proc.kill()
         proc.wait()
+
+
+# A holder that passes its descriptor to a child (as the local launcher passes the run's lock
+# to the node script and its steps), says the child's pid, then sleeps until it is killed.
+PASS_ON = textwrap.dedent("""
+    import subprocess, sys, time
+    from fsdp_workflow.core.lock import acquire
+    lock = acquire(sys.argv[1], "planning and launching the run (test)")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], pass_fds=(lock.fileno(),))
+    print(child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_child_given_the_descriptor_holds_the_lock_after_its_holder_died_and_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "run" / ".lock"
+    proc = subprocess.Popen([sys.executable, "-c", PASS_ON, str(path)], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    try:
+        proc.kill()
+        proc.wait()
+        assert is_locked(path)  # the lock is the open file's: the child holds it now
+        with pytest.raises(LockHeld) as info:
+            acquire(path, "planning", subject="run directory X")
+        msg = str(info.value)
+        assert f"pid {proc.pid} has ended; processes it started still hold the lock: pid {child} (" in msg, msg
+        assert "time.sleep(600)" in msg, msg
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while is_locked(path) and time.monotonic() < deadline:  # a killed process's descriptors close as it exits
+        time.sleep(0.05)
+    acquire(path, "planning").release()

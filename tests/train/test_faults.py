@@ -11,6 +11,8 @@ tests/train/test_preemption.py. docs/reliability.md lists what each proves.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -173,3 +175,37 @@ def test_a_full_disk_in_a_local_run_exits_74_from_the_cli_with_one_line(small_fs
     assert f"exited with code {EXIT_DISK_FULL}" in line and "No space left on device" in line, line
     assert not (run / "hf_model").exists()
     _assert_full_disk_is_reported(run)
+
+
+@pytest.mark.parametrize("agent", ["fsdp_workflow.train.node", "torch.distributed.run"])
+def test_kill_9_of_the_node_launcher_takes_its_ranks(agent: str, tmp_path: Path) -> None:
+    """The agent killed outright (``kill -9``, the OOM killer) cannot stop its ranks: each rank dies with it,
+    the forked ranks with the forkserver that follows the agent, ``torchrun -m``'s with the agent itself
+    (issue 49, item 4). Before, both kept training under init, checkpointing into the run."""
+    from tests.train.runner import launch_cmd, launch_env, log_file, rank_pids, wait_for_step
+
+    run = make_run_dir(tmp_path / "run", ["train.max_steps=100000", "checkpoint.every_steps=0"])
+    argv = launch_cmd(run)
+    argv[2] = agent  # the same torchrun arguments: the preloaded launcher's, or torchrun's own
+    with open(log_file(run), "ab") as out:
+        proc = subprocess.Popen(argv, env=launch_env(run), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    pids: list[int] = []
+    try:
+        wait_for_step(run, 1, proc, timeout_s=180)
+        ranks = rank_pids(proc.pid)
+        assert len(ranks) == 2, (ranks, log_text(run)[-3000:])
+        pids = descendants(proc.pid)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15  # the forkserver, the ranks, then multiprocessing's resource tracker
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        outlived = {p: (cmdline(p) or "?")[:200] for p in pids if alive(p)}
+        assert not outlived, f"outlived their launcher: {outlived}"
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
