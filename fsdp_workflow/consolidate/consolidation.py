@@ -81,7 +81,7 @@ def consolidate(
     Args:
         src: A DCP directory, or any directory above one (run dir, ``checkpoints/``,
             ``checkpoint-N/``, an Accelerate output dir); see :mod:`.layout`.
-        out: Output directory; must not exist unless ``overwrite``. Written as a temporary
+        out: Output directory; must not exist (or be empty) unless ``overwrite``. Written as a temporary
             sibling and renamed; it may not lie inside a checkpoint directory read, nor hold
             one (:func:`fsdp_workflow.core.paths.output_overlap`, the planner's rule). A lock
             file beside it (``.OUT.consolidate.lock``) keeps a second consolidation into it out.
@@ -135,8 +135,9 @@ def consolidate(
     try:
         selection = Selection(step, average_last, steps, subtree, Path(reference) if reference else None)
         located = locate_source(Path(src), out, selection)  # OUT apart from the checkpoints before the lock file is made
-        # An existing OUT that cannot be renamed (a mount point) is replaced in place: lock and staging inside it.
-        in_place = inplace.cannot_rename(out) if overwrite else None
+        # An existing OUT that cannot be renamed (a mount point) is replaced in place: lock and staging inside it
+        # (an existing one is written at all only with --overwrite, or when empty: options.out_exists_problem).
+        in_place = inplace.cannot_rename(out)
         lock = _lock_output(out, inside=in_place is not None)
         with lock:
             _remove_dead_staging(out, locked=not isinstance(lock, contextlib.nullcontext), inside=in_place is not None)

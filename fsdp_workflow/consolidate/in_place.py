@@ -145,6 +145,14 @@ def leftovers(out: Path) -> list[tuple[Path, str]]:
     return found
 
 
+def is_empty(out: Path) -> bool:
+    """Whether the directory ``out`` holds nothing but a consolidation's own lock and staging (nothing to lose)."""
+    try:
+        return out.is_dir() and not out.is_symlink() and all(_ours(p.name) for p in out.iterdir())
+    except OSError:
+        return False
+
+
 def _ours(name: str) -> bool:
     """Entries of OUT the commit leaves alone: the lock, staging and earlier-model directories."""
     return name == LOCK_NAME or name.startswith((STAGING_PREFIX, OLD_PREFIX))

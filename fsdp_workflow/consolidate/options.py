@@ -15,7 +15,7 @@ from fsdp_workflow.core.sizes import parse_size
 
 from .casting import CLI_DTYPES
 from .consolidation_errors import ConsolidationError, OutputExistsError
-from .in_place import in_place_problem
+from .in_place import in_place_problem, is_empty
 
 
 
@@ -49,7 +49,7 @@ def check_options(
     """
     exists = out_exists_problem(out, overwrite)
     errors = [exists] if exists else _check_out_parent(out)
-    unwritable = in_place_problem(out) if overwrite and not exists else None
+    unwritable = in_place_problem(out) if not exists else None
     if unwritable:
         errors.append(unwritable)
     if dtype is not None and dtype not in CLI_DTYPES:
@@ -87,7 +87,8 @@ def out_exists_problem(out: Path, overwrite: bool) -> str | None:
 
     An earlier output of this tool and any other directory are both replaced only with
     ``--overwrite``, and only once the new model is verified (:func:`~.steps.commit_output`);
-    a file or a symlink at ``out`` is never replaced.
+    a file or a symlink at ``out`` is never replaced. An empty directory (a fresh mount
+    point, a ``mkdir`` beforehand) holds nothing to lose: it is written without ``--overwrite``.
 
     Args:
         out: The output directory.
@@ -100,7 +101,7 @@ def out_exists_problem(out: Path, overwrite: bool) -> str | None:
         kind = "a symlink" if out.is_symlink() else "a file"
         return (f"{out}: OUT is {kind}, not a model directory; it is never replaced (not even with --overwrite). "
                 "Choose another OUT, or remove it yourself")
-    if not out.exists() or overwrite:
+    if not out.exists() or overwrite or is_empty(out):
         return None
     if is_earlier_output(out):
         return (f"{out}: OUT holds an earlier consolidation (it has {VERIFICATION_FILE}); pass --overwrite to replace "

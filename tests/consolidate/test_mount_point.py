@@ -95,6 +95,23 @@ def test_overwrite_into_a_mount_point_replaces_its_contents(mounted: Path, tmp_p
     assert not [p for p in mounted.iterdir() if p.name.startswith(".")]
 
 
+def test_an_empty_mount_point_is_written_without_overwrite(tmp_path: Path) -> None:
+    """A fresh ``-v HOST_DIR:/output`` is empty: nothing to lose, so no --overwrite is asked for."""
+    run = _run_dir(tmp_path / "run")
+    out = tmp_path / "output"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
+    try:
+        proc = _cli(str(run), str(out))
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "verification.json"]
+        assert json.loads((out / "verification.json").read_text())["ok"] and _beside(out) == []
+        proc = _cli(str(run), str(out))  # no longer empty: an earlier consolidation, replaced only with --overwrite
+        assert proc.returncode == EXIT_USAGE and "OUT holds an earlier consolidation" in proc.stderr, proc.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+
+
 def test_refused_in_place_keeps_the_earlier_model(mounted: Path, tmp_path: Path) -> None:
     """A consolidation refused after the copy (inf weights, exit 65) leaves the mount point as it was."""
     run = _run_dir(tmp_path / "run", nan=True)

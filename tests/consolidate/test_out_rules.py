@@ -118,6 +118,16 @@ def test_existing_directory_is_refused_then_replaced_with_overwrite(tmp_path: Pa
     assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file() and not _leftovers(out)
 
 
+def test_empty_directory_is_written_without_overwrite(tmp_path: Path) -> None:
+    """``mkdir OUT`` beforehand (or a fresh mount point): nothing in it to lose, so no --overwrite is asked for."""
+    run = _run_dir(tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _cli(str(run), str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "verification.json"] and not _leftovers(out)
+
+
 def test_earlier_output_is_refused_with_the_command_that_replaces_it(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run")
     out = tmp_path / "out"
