@@ -7,7 +7,8 @@ data, trains 2 steps with FSDP2 (the default strategy) on 2 gloo ranks, and
 consolidates (verification on, the default). Then the consolidated model against
 the directory it started from:
 
-- the same tensor names, shapes and dtypes in its safetensors, and the same tie;
+- the same tensor names, shapes and dtypes in its safetensors, and the same tie; the names
+  are also those transformers' ``save_pretrained`` writes back for the loaded model;
 - the same config, but for what training changes; the tokenizer (vocabulary,
   special tokens, template) and the generation config as they were;
 - its logits after ``from_pretrained`` equal, exactly (tolerance 0, in the output's
@@ -75,6 +76,21 @@ def test_same_tensor_names_shapes_and_tie(family_run: FamilyRun) -> None:
     assert report["ok"] and report["from_pretrained"]["ok"], report
     tie = {"dropped": "lm_head.weight", "kept": "model.embed_tokens.weight", "identical": True}
     assert report.get("tied_lm_head") == (tie if family_run.row.tied else None), report
+
+
+def test_save_pretrained_writes_back_the_same_names(family_run: FamilyRun, tmp_path: Path) -> None:
+    """The consolidated names are the ones transformers itself writes back for the model it loads from them.
+
+    Issue 49: the consolidated Granite-MoE held the in-memory ``experts.gate_up_proj`` and
+    ``router.weight``; transformers loaded them, but its ``save_pretrained`` (like the directory)
+    has ``input_linear.weight`` and ``router.layer.weight``. Names and shapes, per family.
+    """
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(family_run.out)).save_pretrained(str(tmp_path))
+    got = {k: s for k, (s, _) in _layout(family_run.out).items()}
+    again = {k: s for k, (s, _) in _layout(tmp_path).items()}
+    assert got == again, _differences(got, again)
 
 
 def test_same_dtype_as_the_directory(family_run: FamilyRun) -> None:
