@@ -23,7 +23,7 @@ from fsdp_workflow.config.schema import (
 )
 from fsdp_workflow.data.mixture import Source, resolve_sources
 from fsdp_workflow.data.rules_mixture import check_sources
-from fsdp_workflow.data.template_markers import check_template_markers
+from fsdp_workflow.data.template_markers import check_template_markers, template_fix
 from fsdp_workflow.data.templates import SHIPPED_TEMPLATES
 from fsdp_workflow.data.tokenizer import tokenizer_source  # imports transformers only when loading
 
@@ -86,6 +86,7 @@ def _check_template(cfg: WorkflowConfig, r: ValidationReport, formats: List[Data
         return
     has = tokenizer_has_template(directory)
     if has is False:
+        fix = template_fix(directory)  # a shipped template whose markers this vocabulary holds, if any
         r.error("data.chat_template", None,
                 f"data.format=conversation needs a chat template, and the tokenizer in {directory} has none", fix)
     elif has is None:

@@ -133,6 +133,26 @@ def vocabulary_tokens(directory: str) -> Optional[Set[str]]:
     return tokens if found else None
 
 
+def fitting_templates(directory: str) -> Optional[List[str]]:
+    """The shipped templates whose markers are all tokens of the tokenizer in ``directory`` (None: not judged)."""
+    vocab = vocabulary_tokens(directory)
+    if vocab is None:
+        return None
+    return [name for name, text in sorted(SHIPPED_TEMPLATES.items()) if all(m in vocab for m in template_markers(text))]
+
+
+def template_fix(directory: Optional[str]) -> str:
+    """The fix for a tokenizer without a template: a shipped one its vocabulary can spell, else one of your own."""
+    fits = fitting_templates(directory) if directory is not None else None
+    if fits is None:
+        return f"data.chat_template={sorted(SHIPPED_TEMPLATES)[0]} (or a Jinja template string)"
+    if fits:
+        return f"data.chat_template={fits[0]} (its markers are tokens of this vocabulary; or a Jinja template string)"
+    return ("data.chat_template='<a Jinja template of your own>' whose turns are plain text or tokens of this "
+            f"vocabulary: no shipped template's markers are ({', '.join(sorted(SHIPPED_TEMPLATES))} would be "
+            "refused; docs/data.md, Chat templates)")
+
+
 def _uses_template(cfg: WorkflowConfig) -> bool:
     """Whether a source is rendered with the template (prepare.needs_template's rule; prepare imports NumPy)."""
     d = cfg.data

@@ -134,6 +134,30 @@ def test_a_base_model_whose_vocabulary_splits_the_fallback_is_refused(
     assert "warning: data.chat_template" in ok.stderr and "</turn>" in ok.stderr and "<user>" in ok.stderr
 
 
+def test_the_fix_for_a_directory_without_a_template_is_one_its_vocabulary_can_spell(
+        replica: Callable[[Replica], Path], tmp_path: Path) -> None:
+    """data=chat_jsonl names no template: the fix offers chatml only where its markers are tokens, and it plans."""
+    from fsdp_workflow.plan.checks import check
+
+    base = tmp_path / "gemma-base"
+    shutil.copytree(replica(GEMMA), base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    data = ["data=chat_jsonl", f"data.path={CONF_DIR.parent / 'assets' / 'smoke' / 'chat.jsonl'}", "dry_run=true"]
+    fixes = {}
+    for name, directory in (("gemma", base), ("base", replica(BASE))):
+        report = check(compose([*data, f"model.name_or_path={directory}", f"run_dir={tmp_path / name}"]))
+        assert [i.key for i in report.errors] == ["data.chat_template"], report.errors
+        fixes[name] = report.errors[0].fix
+    assert "chatml" in fixes["gemma"] and "a Jinja template of your own" in fixes["gemma"]
+    assert not fixes["gemma"].startswith("data.chat_template=chatml")
+    assert fixes["base"].startswith("data.chat_template=chatml ")
+    followed = check(compose([*data, f"model.name_or_path={replica(BASE)}", "data.chat_template=chatml",
+                              f"run_dir={tmp_path / 'followed'}"]))
+    assert followed.ok, followed.errors
+
+
 def test_a_slow_tokenizer_or_the_byte_level_one_is_not_judged(tmp_path: Path) -> None:
     """Without tokenizer.json (a binary vocabulary) or with the tiny models' bytes, nothing is refused."""
     from fsdp_workflow.data.template_markers import vocabulary_tokens
