@@ -105,4 +105,38 @@ def check_resume_changes(cfg: WorkflowConfig, r: ValidationReport) -> None:
            + "to change it on purpose, nothing")
 
 
-__all__ = ["check_resume_changes", "resume_changes"]
+# The model keys that set the weights' names and shapes (after the model directory filled them in):
+# the checkpoint's weights cannot load into another value of any (the trainer's model_problem).
+SHAPE_KEYS = ("model_type", "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
+
+
+def check_resume_model(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """Refuse a resume onto a model of another shape at planning, before ``config.yaml`` is rewritten.
+
+    The trainer refused it too (:func:`fsdp_workflow.train.resume.model_problem`), but only after
+    the planner had recorded the new config: ``status`` then offered a resume command repeating
+    the refused override. Here nothing is written, and the fix names the recorded value.
+    """
+    found = _checkpoint_run(cfg.checkpoint.resume or "")
+    if found is None:
+        return
+    root, step = found
+    try:
+        old = load_run_config(root)
+    except Exception:  # noqa: BLE001 - another version's or a hand-edited record: the trainer compares the weights
+        return
+    where = f"{root / CHECKPOINTS_DIR}/step-{step}" if step is not None else str(root)
+    for key in SHAPE_KEYS:
+        was, now = getattr(old.model, key), getattr(cfg.model, key)
+        if was != now:
+            shown = str(was).lower() if isinstance(was, bool) else was
+            r.error(f"model.{key}", now,
+                    f"checkpoint.resume continues {where}, whose weights were trained with model.{key}={shown} "
+                    f"({root / CONFIG_FILE}); the weights come from the checkpoint on resume and cannot load into "
+                    "this shape",
+                    f"model.{key}={shown} to resume that run, or a new model in a new run directory "
+                    f"(run_dir={root}-2 checkpoint.resume=auto)")
+
+
+__all__ = ["SHAPE_KEYS", "check_resume_changes", "check_resume_model", "resume_changes"]

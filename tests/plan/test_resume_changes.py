@@ -98,3 +98,25 @@ def config(run: Path, *overrides: str):
     res = cli("+experiment=smoke", "dry_run=true", f"run_dir={run}", *overrides)
     assert res.returncode == 0, res.stderr[-3000:]
     return load_run_config(run)
+
+
+@pytest.mark.slow
+def test_a_model_change_at_resume_is_refused_at_planning_and_leaves_config_yaml_as_it_was(trained: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Was: the trainer refused it (exit 2) after the planner had rewritten config.yaml, and ``status`` then
+    printed a resume command repeating the refused ``model.hidden_size=96``."""
+    run = tmp_path / "copy"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns(".lock"))
+    before = {name: (run / name).read_bytes() for name in ("config.yaml", "provenance.json", "train.sbatch")}
+    res = cli(*RESUMED, f"run_dir={run}", f"checkpoint.resume={run}/checkpoints/step-2", "model.hidden_size=96")
+    assert res.returncode == 2, res.stderr[-4000:]
+    assert "model.hidden_size = 96" in res.stderr and "trained with model.hidden_size=64" in res.stderr
+    assert "fix: model.hidden_size=64 to resume that run" in res.stderr
+    assert {name: (run / name).read_bytes() for name in before} == before  # nothing rewritten
+    assert not (run / "checkpoints" / "step-4").exists()
+    status = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(run)], capture_output=True, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert status.returncode == 0 and "hidden_size=96" not in status.stdout, status.stdout  # no command repeats it
+    ok = cli(*RESUMED, f"run_dir={run}", f"checkpoint.resume={run}/checkpoints/step-2", "model.hidden_size=64",
+             "dry_run=true")
+    assert ok.returncode == 0, ok.stderr[-3000:]
