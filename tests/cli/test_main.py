@@ -103,8 +103,8 @@ def test_multirun_plans_one_run_dir_per_job(tmp_path: Path) -> None:
     st = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(tmp_path)], capture_output=True, text=True)
     assert st.returncode == 0, st.stderr
     rows = [line.split() for line in st.stdout.splitlines() if line.strip()[:1].isdigit()]
-    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("0", "train.micro_batch_size=1", "dry", "run"),
-                                                        ("1", "train.micro_batch_size=2", "dry", "run")], st.stdout
+    assert st.stdout.splitlines()[1].split()[:2] == ["#", "train.micro_batch_size"], st.stdout
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("0", "1", "dry", "run"), ("1", "2", "dry", "run")], st.stdout
 
 
 def test_an_invalid_sweep_point_leaves_no_index_and_no_run_dir(tmp_path: Path) -> None:

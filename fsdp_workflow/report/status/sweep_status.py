@@ -11,9 +11,10 @@ nothing is marked (a training loss would only reward overfitting).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fsdp_workflow.config.record import RunRecord, open_run
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE
@@ -24,6 +25,7 @@ from fsdp_workflow.report.status.paste_commands import shell, status_argv
 
 # The chain's jobs, in order.
 _CHAIN = ("prepare", "train", "consolidate")
+_MAX_CELL = 40  # the widest value shown in a column (a longer one keeps the part that differs)
 
 
 @dataclass
@@ -38,6 +40,7 @@ class PointStatus:
     eval_loss: Optional[float] = None
     best: bool = False
     jobs: Dict[str, str] = field(default_factory=dict)
+    values: Dict[str, str] = field(default_factory=dict)  # each varying key's value at this point (the columns)
 
 
 def _varying(points: List[dict]) -> List[List[str]]:
@@ -45,6 +48,36 @@ def _varying(points: List[dict]) -> List[List[str]]:
     lists = [[str(o) for o in p.get("overrides") or []] for p in points]
     common = set.intersection(*map(set, lists)) if len(lists) > 1 else set()
     return [[o for o in ov if o not in common] for ov in lists]
+
+
+def _key_value(override: str) -> Tuple[str, str]:
+    """``optimizer.lr=1e-3`` -> (``optimizer.lr``, ``1e-3``); ``+x=1`` and ``~x`` name ``x``."""
+    key, sep, value = override.partition("=")
+    return key.lstrip("+~"), (value if sep else "(removed)" if override.startswith("~") else "(set)")
+
+
+def _columns(varying: List[List[str]]) -> Tuple[List[str], List[Dict[str, str]]]:
+    """The keys whose value differs between points (in the order they are given), and each point's values."""
+    rows = [dict(_key_value(o) for o in ov) for ov in varying]
+    keys: List[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    return keys, [{k: row.get(k, "-") for k in keys} for row in rows]
+
+
+def _shown(values: List[str], width: int) -> List[str]:
+    """A column's values at most ``width`` wide, keeping the part that differs between them.
+
+    A prefix every value shares (a data directory's path) is cut at its last ``/`` and shown as
+    ``...``; a value still too long keeps its end, where paths and names differ.
+    """
+    common = os.path.commonprefix(values) if len(set(values)) > 1 else ""
+    cut = common.rfind("/") + 1 if "/" in common else 0
+    out = []
+    for v in values:
+        v = "..." + v[cut:] if cut > 3 and max(map(len, values)) > width else v
+        out.append(v if len(v) <= width else "..." + v[-(width - 3):])
+    return out
 
 
 def _metrics_tail(record: RunRecord) -> tuple:
@@ -91,10 +124,11 @@ def collect_sweep(sweep_dir: Path) -> List[PointStatus]:
     index = read_sweep_index(sweep_dir)
     points = index["points"]
     out: List[PointStatus] = []
-    for p, varying in zip(points, _varying(points)):
+    varied = _varying(points)
+    for p, varying, values in zip(points, varied, _columns(varied)[1]):
         run_dir = Path(str(p.get("run_dir")))
         ps = PointStatus(int(p.get("num", len(out))), " ".join(varying) or "(no overrides)", str(run_dir),
-                         "planned", jobs=dict(p.get("jobs") or {}))
+                         "planned", jobs=dict(p.get("jobs") or {}), values=values)
         if (run_dir / CONFIG_FILE).is_file():
             record = open_run(run_dir)
             rs = collect(run_dir, record)
@@ -116,14 +150,23 @@ def _num(x: Optional[float]) -> str:
 
 
 def format_sweep(sweep_dir: Path, points: List[PointStatus]) -> str:
-    """The sweep as a table: one line per point, the best marked ``<- best``."""
-    width = min(max([len(ps.point) for ps in points] + [5]), 40)
+    """The sweep as a table: a column per key whose value differs between points, the best marked ``<- best``.
+
+    Each swept key is its own column headed by the key (``optimizer.lr``), so every point's
+    value shows whole, however many keys vary (a long value keeps the part that differs).
+    """
+    keys = list(dict.fromkeys(k for ps in points for k in ps.values))
+    cells = {k: _shown([ps.values.get(k, "-") for ps in points], _MAX_CELL) for k in keys}
+    if not keys:  # nothing varies (one point without overrides, or an index without them)
+        keys, cells = ["point"], {"point": _shown([ps.point for ps in points], _MAX_CELL)}
+    widths = {k: max([len(k)] + [len(c) for c in cells[k]]) for k in keys}
+    head = "  ".join(f"{k:<{widths[k]}}" for k in keys)
     lines = [f"sweep: {sweep_dir} ({len(points)} point{'s' if len(points) != 1 else ''})",
-             f"  {'#':>3}  {'point':<{width}}  {'state':<11} {'step':>11}  {'loss':>8}  {'eval loss':>9}"]
-    for ps in points:
+             f"  {'#':>3}  {head}  {'state':<11} {'step':>11}  {'loss':>8}  {'eval loss':>9}"]
+    for i, ps in enumerate(points):
         step = "-" if ps.step is None else f"{ps.step}/{ps.max_steps}" if ps.max_steps else str(ps.step)
-        point = ps.point if len(ps.point) <= width else ps.point[:width - 3] + "..."
-        lines.append(f"  {ps.num:>3}  {point:<{width}}  {ps.state:<11} {step:>11}  {_num(ps.loss):>8}  "
+        row = "  ".join(f"{cells[k][i]:<{widths[k]}}" for k in keys)
+        lines.append(f"  {ps.num:>3}  {row}  {ps.state:<11} {step:>11}  {_num(ps.loss):>8}  "
                      f"{_num(ps.eval_loss):>9}" + ("  <- best" if ps.best else ""))
     lines.append("each point's status:" + "".join(f"\n  {shell(status_argv(ps.run_dir))}" for ps in points[:3])
                  + ("\n  ..." if len(points) > 3 else ""))

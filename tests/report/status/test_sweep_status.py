@@ -46,7 +46,8 @@ def test_points_show_state_step_losses_and_the_best_by_eval_loss(tmp_path: Path)
     ]
     text = format_sweep(tmp_path, rows)
     lines = [line for line in text.splitlines() if line.strip()[:1].isdigit()]
-    assert lines[1].split()[:5] == ["1", "optimizer.lr=2e-3", "failed", "(74)", "1/30"] and lines[1].endswith("<- best")
+    assert text.splitlines()[1].split()[:2] == ["#", "optimizer.lr"]  # the swept key heads its column
+    assert lines[1].split()[:5] == ["1", "2e-3", "failed", "(74)", "1/30"] and lines[1].endswith("<- best")
     assert "<- best" not in lines[0] + lines[2] and lines[2].split()[2] == "planned"
     assert max(map(len, text.splitlines()[1:5])) <= 80  # the table (the first line names the sweep dir)
 
@@ -75,3 +76,27 @@ def test_a_point_whose_command_failed_before_training_shows_its_exit_code(tmp_pa
     record_point(tmp_path, 2, points[2][0], tmp_path / "2", 143)
     rows = collect_sweep(tmp_path)
     assert [r.state for r in rows] == ["refused (2)", "failed (1)", "terminated (143)", "planned"]
+
+
+def test_every_swept_value_shows_in_its_own_column_however_many_keys_vary(tmp_path: Path) -> None:
+    """Issue 49, item 7: a point was cut at 40 characters (``optimizer.lr=0.0003 model.hidden_size...``)."""
+    data = tmp_path / "a_rather_long_directory_name_for_the_data" / "and_another_level"
+    data.mkdir(parents=True)
+    corpus = Path(__file__).resolve().parents[3] / "fsdp_workflow" / "assets" / "smoke" / "corpus.txt"
+    for name in ("corpus_english_v1.txt", "corpus_english_v2.txt"):
+        (data / name).write_bytes(corpus.read_bytes())
+    sweep = tmp_path / "sweep"
+    plan = subprocess.run([sys.executable, "-m", "fsdp_workflow", "-m", "+experiment=smoke", "dry_run=true",
+                           f"run_dir={sweep}", "optimizer.lr=1e-3,3e-4", "model.hidden_size=64,128",
+                           f"data.path={data}/corpus_english_v1.txt,{data}/corpus_english_v2.txt"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "fsdp_workflow.status", str(sweep)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    head, *rows = [ln.split() for ln in proc.stdout.splitlines()[1:10] if ln.strip()[:1] in "#0123456789"]
+    assert head[:4] == ["#", "optimizer.lr", "model.hidden_size", "data.path"], proc.stdout
+    shown = [tuple(r[1:4]) for r in rows]
+    assert shown == [(lr, size, f"...corpus_english_{v}.txt") for lr in ("0.001", "0.0003") for size in ("64", "128")
+                     for v in ("v1", "v2")], proc.stdout
+    assert len(set(shown)) == 8  # every point told apart
