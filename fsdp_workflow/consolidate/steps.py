@@ -40,6 +40,7 @@ from .key_names import TiedPair, map_keys, tied_pair
 from .nonfinite import BadCount, NonFiniteScan, describe, refusal
 from .source import Source
 from .verify.architecture import ArchitectureCheck, ArchResult, record_architecture, record_loading
+from .verify.reference_names import names_note
 from .verify.report_schema import VerificationReport
 from .writer import OutFile, OutTensor, StreamingWriter, plan_files, source_digest
 from fsdp_workflow.core.logs import is_terminal
@@ -346,6 +347,10 @@ def verify_output(source: Source, plan: OutputPlan, written: Written, *, verify:
         report["tensors"], report["values"], report["files"] = outcome.tensors, outcome.values, outcome.files
         report["errors"] += outcome.errors
         shapes = {t.name: t.shape for t in plan.tensors}
+        differ = names_note(source.reference.path, shapes) if source.reference is not None else None
+        if differ:  # the reference's own weights name them otherwise (verify/reference_names.py)
+            log.warning("note: %s", differ)
+            report["notes"].append(differ)
         if record_architecture(report, written.architecture, shapes) and source.reference is not None:
             record_loading(report, written.directory, written.architectures[0], plan.total_bytes,
                            from_pretrained_max_bytes)

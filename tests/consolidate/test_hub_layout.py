@@ -163,6 +163,29 @@ def test_a_granite_moe_checkpoint_consolidates_to_what_save_pretrained_writes(bu
     assert any("revert_weight_conversion" in n for n in report["architecture"]["notes"])
 
 
+def test_names_unlike_the_reference_weights_are_a_note(built: Callable, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --reference at the directory training started from, its own weights' names are compared.
+
+    Names left as held in memory (the rule before issue 49, restored here by turning the
+    renamings off) still load with transformers, so they pass; the note names the difference.
+    """
+    from fsdp_workflow.consolidate.verify import architecture
+
+    directory, memory = built("granitemoe")
+    ckpt = _dcp(tmp_path / "ckpt", memory, dp=2)
+    result = consolidate(ckpt, tmp_path / "ok", reference=directory, progress=False)
+    assert not any("reference directory" in n for n in result.verification["notes"])
+    monkeypatch.setattr(hub_layout, "saved_names", lambda model_type: None)
+    monkeypatch.setattr(architecture, "saved_names", lambda model_type: None)
+    monkeypatch.setenv("FSDP_WORKFLOW_NO_CACHE", "1")
+    result = consolidate(ckpt, tmp_path / "held", reference=directory, progress=False)
+    assert result.verification["ok"]
+    note = next(n for n in result.verification["notes"] if "reference directory" in n)
+    assert "6 only in the output (e.g. ['model.layers.0.block_sparse_moe.experts.down_proj'" in note, note
+    assert "6 only in the reference (e.g. ['model.layers.0.block_sparse_moe.input_linear.weight'" in note, note
+
+
 def test_other_models_are_written_as_they_are() -> None:
     shapes = {"model.embed_tokens.weight": (8, 4), "model.layers.0.mlp.gate_proj.weight": (6, 4), "lm_head.weight": (8, 4)}
     for config in (None, {"model_type": "llama", "hidden_size": 4}):
