@@ -224,14 +224,24 @@ def check_context_parallel(cfg: WorkflowConfig, r: ValidationReport) -> None:
                 f"the {local} query heads{per} must split evenly over the {cp} context-parallel ranks (the "
                 f"{local_kv} KV heads{per} are split too, or repeated cp / gcd(KV heads, cp) times when fewer)",
                 f"strategy.context_parallel_size in {fits}" if fits else "strategy.context_parallel_size=1")
+    from fsdp_workflow.config.model_dir import effective_config, family_of
+
+    fam = family_of(m)
+    softcap = effective_config(m).get("attn_logit_softcapping")
+    if fam.read_from not in ("unknown", "table") and "sdpa" not in fam.attention:
+        # gpt_oss (attention sinks), Gemma 2: advising sdpa would name a value the family refuses (issue 49)
+        capped = f"; it soft-caps its attention scores (attn_logit_softcapping={softcap})" if softcap is not None else ""
+        r.error("strategy.context_parallel_size", cp,
+                f"Ulysses context parallelism runs attention through PyTorch SDPA, and {fam.causal_lm} does not "
+                f"support SDPA (transformers accepts {', '.join(fam.attention)} for it{capped}): its sequences "
+                "cannot be split over context-parallel ranks",
+                "strategy.context_parallel_size=1 (strategy.activation_checkpointing=full for long sequences)")
+        return
     if m.attn_implementation != "sdpa":
         r.error("model.attn_implementation", m.attn_implementation,
                 "with strategy.context_parallel_size > 1 attention runs through the Ulysses all-to-all around "
                 "PyTorch SDPA, so this attention implementation would not be used",
                 "model.attn_implementation=sdpa")
-    from fsdp_workflow.config.model_dir import effective_config
-
-    softcap = effective_config(m).get("attn_logit_softcapping")
     if softcap is not None:
         r.error("strategy.context_parallel_size", cp, f"the model soft-caps its attention scores "
                 f"(attn_logit_softcapping={softcap}), which SDPA, inside the Ulysses attention, cannot do",

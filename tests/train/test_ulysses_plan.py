@@ -58,6 +58,24 @@ def test_refusals_name_key_value_reason_and_fix() -> None:
     assert "strategy.context_parallel_size" not in got, got  # 4 heads = tp 2 x cp 2; 1 KV head per tp rank, repeated
 
 
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2"])
+def test_a_family_without_sdpa_is_told_cp_cannot_split_it_not_to_use_sdpa(model_type: str) -> None:
+    """Issue 49, item 7: gpt_oss with cp was advised model.attn_implementation=sdpa, which the family refuses
+    (and which planning then replaced by eager again): the advice went round in a circle."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "fsdp_workflow", *SMOKE4, "dry_run=true",
+                          f"model.model_type={model_type}", "strategy.context_parallel_size=2"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "model.attn_implementation=sdpa" not in res.stderr, res.stderr
+    assert "strategy.context_parallel_size = 2" in res.stderr and "does not support SDPA" in res.stderr, res.stderr
+    assert "fix: strategy.context_parallel_size=1" in res.stderr
+    fixed = errors([f"model.model_type={model_type}", "strategy.context_parallel_size=1"])
+    assert not {"strategy.context_parallel_size", "model.attn_implementation"} & set(fixed), fixed
+
+
 def test_estimate_divides_positions_by_cp() -> None:
     long = ["cluster=local", "cluster.device=cuda", "train.seq_len=32768", "train.mixed_precision=bf16"]
     one = estimate_memory(compose([*SMOKE4, *long]))
