@@ -151,3 +151,31 @@ def test_read_only_mount_point_is_refused_before_any_work(tmp_path: Path) -> Non
         assert list(out.iterdir()) == [] and _beside(out) == []
     finally:
         subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def test_a_deepspeed_checkpoint_into_a_mount_point_under_a_read_only_parent(tmp_path: Path) -> None:
+    """A container's read-only root with a writable ``/output``: nothing may be written beside OUT.
+
+    The parent is a tmpfs remounted read-only after OUT is mounted on it, so a lock file or a
+    staging directory beside OUT (the model's, or DeepSpeed's rebuilt tensors') fails with EROFS.
+    """
+    fixture = Path(__file__).parent / "fixtures" / "deepspeed_zero2" / "tiny_qwen2"
+    root, out = tmp_path / "root", tmp_path / "root" / "output"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
+    try:
+        out.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(out)], check=True)
+        (out / "old.txt").write_text("from before")
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        proc = _cli(str(fixture / "checkpoints"), str(out), "--overwrite")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert json.loads((out / "verification.json").read_text())["layout"] == "deepspeed"
+        want = load_file(str(fixture / "expected.safetensors"))
+        got = load_file(str(out / "model.safetensors"))
+        assert got and all(torch.equal(v, want[k]) for k, v in got.items())
+        assert not (out / "old.txt").exists() and not [p for p in out.iterdir() if p.name.startswith(".")]
+        assert [p.name for p in root.iterdir()] == ["output"]
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+        subprocess.run(["umount", "-l", str(root)], check=False)
