@@ -4,7 +4,7 @@ The replicas serve the planning and training tests; a replica's run (the real co
 2 steps on 2 gloo ranks: :mod:`.test_matrix`) serves the matrix and the modules that check
 one family further (:mod:`.test_moe_experts`). Each run's tests share one xdist group
 (:func:`group`), so each run happens once per suite; the runs are dealt over two groups
-so that two workers share them instead of one running all twelve.
+so that two workers share them instead of one running all thirteen.
 """
 
 from __future__ import annotations
