@@ -188,6 +188,28 @@ def family(model_type: str, remote: Optional[Tuple[str, str]] = None) -> Family:
     return Family(model_type, cls, [], ("eager", "sdpa"), "unknown")
 
 
+# What a family's forward calls to turn router logits into the load-balancing loss it returns as aux_loss.
+ROUTER_LOSS_CALL = "load_balancing_loss_func("
+
+
+def computes_router_loss(fam: Family) -> Optional[bool]:
+    """Whether the family's modeling file computes a router load-balancing loss (None: its file is not read here).
+
+    Llama 4's text model keeps ``router_aux_loss_coef`` in its config but never calls
+    :data:`ROUTER_LOSS_CALL`: its forward returns no ``aux_loss``, so a router loss cannot train.
+    """
+    return None if fam.read_from in ("table", "unknown") else _calls_router_loss(fam.read_from)
+
+
+@functools.lru_cache(maxsize=64)
+def _calls_router_loss(path: str) -> Optional[bool]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ROUTER_LOSS_CALL in fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 @functools.lru_cache(maxsize=64)
 def config_defaults(model_type: str) -> Dict[str, Any]:
     """The literal defaults of ``model_type``'s config class (keys a ``config.json`` may leave out)."""

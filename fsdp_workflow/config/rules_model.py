@@ -11,7 +11,8 @@ anything is written or queued (docs/models.md lists them):
 * no tokenizer transformers can load, when the data needs one;
 * ``train.seq_len`` beyond ``max_position_embeddings`` without rope scaling;
 * an attention implementation the family does not support, named explicitly;
-* ``model.router_aux_loss_coef`` on a dense model.
+* ``model.router_aux_loss_coef`` on a dense model, or above 0 (the model config's own, when null) for a
+  family whose forward computes no router loss (Llama 4's text model).
 
 The directory is read as JSON (:mod:`.model_dir`); nothing imports torch.
 """
@@ -143,6 +144,18 @@ def check_positions(cfg: WorkflowConfig, r: ValidationReport) -> None:
 def check_router_aux(cfg: WorkflowConfig, r: ValidationReport) -> None:
     """``model.router_aux_loss_coef`` exists for mixture-of-experts models only (no dead knob)."""
     coef = getattr(cfg.model, "router_aux_loss_coef", None)
+    own = effective_config(cfg.model).get("router_aux_loss_coef")
+    weight = own if coef is None else coef  # null takes the model config's own (train/loss.router_aux_coef)
+    if isinstance(weight, (int, float)) and weight > 0 and experts(effective_config(cfg.model))[0]:
+        fam = family_of(cfg.model)
+        if hf_source.computes_router_loss(fam) is False:  # llama4_text: found only at the first step before
+            taken = "" if coef is not None else f"null takes the model config's router_aux_loss_coef={own}, but "
+            r.error("model.router_aux_loss_coef", coef,
+                    f"{taken}{fam.causal_lm}'s forward computes no router load-balancing loss (transformers "
+                    f"{hf_source.transformers_version()}: its modeling file never calls "
+                    f"{hf_source.ROUTER_LOSS_CALL.rstrip('(')}), so there is none to train; the trainer would stop "
+                    "at its first step", "model.router_aux_loss_coef=0 (train without a router loss)")
+            return
     if coef is None:
         return
     if not experts(effective_config(cfg.model))[0]:
