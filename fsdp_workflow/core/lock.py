@@ -146,18 +146,27 @@ def openers(path: PathLike, limit: int = 4) -> List[str]:
     return found
 
 
+def holder_words(path: PathLike, holder: Optional[Holder]) -> str:
+    """Who holds the held lock at ``path``, in words: the recorded holder, and, where that process has
+    ended on this host, the processes it started that still hold the lock (:func:`openers`)."""
+    if holder is None:
+        return "another process (it has not written its name yet)"
+    who = holder.describe()
+    if holder.host == socket.gethostname() and not _alive(holder.pid):
+        # Its processes hold the lock it passed them (fsdp_workflow.core.lifeline stops them).
+        still = openers(path)
+        who += (f" (pid {holder.pid} has ended; processes it started still hold the lock: "
+                f"{', '.join(still) if still else 'not visible to this user'})")
+    return who
+
+
 class LockHeld(RuntimeError):
     """The lock is held by someone else (named in the message)."""
 
     def __init__(self, path: Path, holder: Optional[Holder], subject: str = "") -> None:
         self.path = path
         self.holder = holder
-        who = holder.describe() if holder else "another process (it has not written its name yet)"
-        if holder is not None and holder.host == socket.gethostname() and not _alive(holder.pid):
-            # Its processes hold the lock it passed them (fsdp_workflow.core.lifeline stops them).
-            still = openers(path)
-            who += (f" (pid {holder.pid} has ended; processes it started still hold the lock: "
-                    f"{', '.join(still) if still else 'not visible to this user'})")
+        who = holder_words(path, holder)
         about = subject or str(path.parent)
         super().__init__(f"{about} is in use by {who} (lock file {path}). Wait for it to finish, "
                          "or stop it; the lock is released as soon as that process exits.")

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from fsdp_workflow.core.lock import is_locked, read_holder
+from fsdp_workflow.core.lock import holder_words, is_locked, read_holder
 from fsdp_workflow.core.rundir import RunDir
 from fsdp_workflow.train.heartbeat import is_stale
 
@@ -110,7 +110,8 @@ def local_liveness(run: RunDir, beats: List[dict], ran: bool, exit_code: Optiona
     """
     if is_locked(run.lock):
         holder = read_holder(run.lock)
-        who = holder.describe() if holder else "a process that has not written its name yet"
+        # A killed command's node launcher and ranks hold its lock until they are gone: name them.
+        who = holder_words(run.lock, holder) if holder else "a process that has not written its name yet"
         return Liveness("running", f"{who} holds {run.lock}", beats)
     alive = [b for b in beats if not b["stale"] and b["alive"] is not False]
     if alive:

@@ -102,6 +102,28 @@ def test_the_run_lock_held_by_a_live_process_means_running_and_its_death_frees_i
     assert js["state"] == "stopped" and "ETA" not in text
 
 
+def test_a_killed_commands_processes_holding_its_lock_are_named_running(tmp_path, capsys):
+    """``kill -9`` of the command: until its node launcher and ranks have stopped, they hold its lock
+    (issue 49, item 4); ``status`` says running and names them, not only the dead command."""
+    run = write_run(tmp_path / "run", alive=False)
+    code = ("import subprocess, sys, time; from fsdp_workflow.core.lock import acquire; "
+            "lock = acquire(sys.argv[1], 'planning and launching the run (python -m fsdp_workflow)'); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], pass_fds=(lock.fileno(),)); "
+            "print(child.pid, flush=True); time.sleep(600)")
+    command = subprocess.Popen([sys.executable, "-c", code, str(run.lock)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = int(command.stdout.readline())
+    try:
+        command.kill()
+        command.wait(timeout=30)
+        text, js = _report(run, capsys)
+        assert js["state"] == "running", text
+        assert (f"pid {command.pid} has ended; processes it started still hold the lock: pid {child} ("
+                in _state_line(text)), _state_line(text)
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def _dcp_checkpoint(path: Path) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
