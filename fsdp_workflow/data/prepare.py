@@ -41,6 +41,7 @@ from fsdp_workflow.data.formats import FIELD_PROBLEMS, FormatSpec
 from fsdp_workflow.data.mixture import Source, document_counts, is_mixture, resolve_sources, select
 from fsdp_workflow.data.mixture import describe as describe_sources
 from fsdp_workflow.data.sources import DataError, describe_files, expand, iter_chunks
+from fsdp_workflow.data.summary import epochs_note
 from fsdp_workflow.data.templates import TemplateError, choose_template
 from fsdp_workflow.data.tokenizer import load_tokenizer, tokenizer_source
 from fsdp_workflow.data.workers import WorkerDied, ordered_map
@@ -321,6 +322,7 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
         if progress:
             log.info("prepare: reusing the token cache %s (same data, tokenizer, template and settings)", final)
         prepared = Prepared(final, key, True, existing)
+        _note_epochs(cfg, existing)
         write_pointer(cfg, prepared)
         return prepared
 
@@ -387,9 +389,18 @@ def prepare(cfg: WorkflowConfig, *, num_workers: Optional[int] = None, progress:
     warning = eval_split_warning(cfg, meta)
     if warning:
         log.warning("prepare: warning: %s", warning)
+    _note_epochs(cfg, meta)
     prepared = Prepared(final, key, False, meta)
     write_pointer(cfg, prepared)
     return prepared
+
+
+def _note_epochs(cfg: WorkflowConfig, meta: Dict[str, Any]) -> None:
+    """Say how many epochs train.max_steps makes over the packed training samples, when many (issue 49)."""
+    samples = int((meta.get("splits", {}).get(SPLITS[0]) or {}).get("samples", 0))
+    note = epochs_note(cfg, samples, exact=True)
+    if note:
+        log.info("prepare: note: %s", note)
 
 
 def eval_split_warning(cfg: WorkflowConfig, meta: Dict[str, Any]) -> Optional[str]:
