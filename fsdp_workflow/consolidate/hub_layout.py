@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from .consolidation_errors import ConsolidationError
 from .jsontypes import JsonObject
-from .saved_names import SavedNames, saved_names
+from .saved_names import SavedNames, same_conversion_as, saved_names
 
 Shape = tuple[int, ...]
 
@@ -80,6 +80,9 @@ MODEL_TYPES: dict[str, HubLayout] = {
     "phimoe": PHIMOE,
 }
 TRANSFORMERS_VERSION = "5.24"  # the release whose conversion_mapping.py the table copies
+# transformers' conversion names -> the cut above; a model_type not in MODEL_TYPES whose transforms equal one
+# of these (cohere2_moe, dots1, glm4_moe_lite, ...: saved_names.same_conversion_as) takes that cut
+PATTERNS: dict[str, HubLayout] = {"qwen2_moe": QWEN2_MOE, "mixtral": MIXTRAL, "phimoe": PHIMOE}
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,20 @@ class Pieces:
 
 
 def layout_for(config: JsonObject | None) -> HubLayout | None:
-    """The layout of the reference config's ``model_type``, or None (written as stored)."""
+    """The layout of the reference config's ``model_type``, or None (written as stored).
+
+    A row of :data:`MODEL_TYPES`, or else the cut of the conversion transformers gives this
+    type exactly as it gives one of :data:`PATTERNS` (asked of transformers at run time).
+    """
     if not config:
         return None
     model_type = config.get("model_type")
-    return MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+    if not isinstance(model_type, str):
+        return None
+    if model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    alike = same_conversion_as(model_type, tuple(PATTERNS))
+    return PATTERNS[alike] if alike else None
 
 
 def _rename(name: str, renames: tuple[tuple[str, str], ...]) -> str:

@@ -11,8 +11,10 @@ renames them back: with transformers' own reversed renamings (``reverse_transfor
 takes), not a table of ours, so every family transformers renames is covered.
 
 Conversions that do more than rename (fused experts cut per expert: Qwen2-MoE, Mixtral,
-PhiMoE) are :mod:`.hub_layout`'s table, which copies them as boxes of bytes; one of those
-not in the table, or one with a ``PrefixChange``, is written as held, with a note.
+PhiMoE) are :mod:`.hub_layout`'s table, which copies them as boxes of bytes; a type not in
+the table whose transforms transformers gives exactly as one of those patterns takes its cut
+(:func:`same_conversion_as`); any other, or one with a ``PrefixChange``, is written as held,
+with a note.
 
 Importing transformers costs seconds, so it is asked only for a ``model_type`` that its
 ``conversion_mapping.py`` names at all (read as text first), and once per process.
@@ -73,3 +75,40 @@ def saved_names(model_type: str) -> SavedNames | None:
         return None
     reverse = [c.reverse_transform() for c in reversed(conversions)]  # as revert_weight_conversion orders them
     return SavedNames(model_type, transformers.__version__, lambda name: apply_renamings(name, reverse))
+
+
+def _signature(transform: object) -> tuple | None:
+    """What a conversion does, comparable between model types: its class, patterns and operations."""
+    try:
+        ops = tuple((type(o).__name__, getattr(o, "dim", None)) for o in getattr(transform, "operations", ()) or ())
+        return (type(transform).__name__, tuple(transform._original_source_patterns),  # type: ignore[attr-defined]
+                tuple(transform._original_target_patterns), ops)  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def same_conversion_as(model_type: str, patterns: tuple[str, ...]) -> str | None:
+    """Which of ``patterns`` (transformers' conversion names, e.g. ``"qwen2_moe"``) converts ``model_type`` exactly alike.
+
+    transformers maps many model types onto one conversion (Cohere2-MoE, dots1, GLM-4-MoE-Lite
+    and a dozen more save their experts as Qwen2-MoE does); :mod:`.hub_layout` keeps one cut
+    per conversion, so a type whose transforms equal a pattern's, class for class and pattern
+    for pattern, takes that cut. One with anything more (an extra renaming: ERNIE-4.5-MoE) does not.
+
+    Returns:
+        The pattern's name, or None (transformers absent, or no pattern alike).
+    """
+    if not model_type or not _named_by_transformers(model_type):
+        return None
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return None
+    mine = [_signature(t) for t in get_checkpoint_conversion_mapping(model_type) or ()]
+    if not mine or None in mine:
+        return None
+    for pattern in patterns:
+        if [_signature(t) for t in get_checkpoint_conversion_mapping(pattern) or ()] == mine:
+            return pattern
+    return None

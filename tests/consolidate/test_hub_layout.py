@@ -60,6 +60,13 @@ RENAMED: Dict[str, Dict[str, Any]] = {
 }
 
 
+# Not rows of the table: transformers converts them exactly as one of its patterns (hub_layout.PATTERNS).
+ALIKE: Dict[str, Dict[str, Any]] = {
+    "cohere2_moe": dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        eos_token_id=1, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False),
+}
+
+
 # Experts of several slabs each (gate and up 2 MiB, in 1 MiB slabs), for the fast verification's sampling.
 LARGE = ("qwen3_moe", dict(SHAPE, hidden_size=512, num_hidden_layers=1, num_experts=2, num_experts_per_tok=1,
                            moe_intermediate_size=1024))
@@ -72,7 +79,7 @@ def _build(model_type: str, directory: Path) -> Dict[str, torch.Tensor]:
     if model_type == "large":
         config = AutoConfig.for_model(LARGE[0], **LARGE[1])
     else:
-        config = AutoConfig.for_model(model_type, **SHAPE, **{**FAMILIES, **RENAMED}[model_type])
+        config = AutoConfig.for_model(model_type, **SHAPE, **{**FAMILIES, **RENAMED, **ALIKE}[model_type])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
@@ -184,6 +191,26 @@ def test_names_unlike_the_reference_weights_are_a_note(built: Callable, tmp_path
     note = next(n for n in result.verification["notes"] if "reference directory" in n)
     assert "6 only in the output (e.g. ['model.layers.0.block_sparse_moe.experts.down_proj'" in note, note
     assert "6 only in the reference (e.g. ['model.layers.0.block_sparse_moe.input_linear.weight'" in note, note
+
+
+@pytest.mark.parametrize("model_type", sorted(ALIKE))
+def test_a_model_type_transformers_converts_as_a_pattern_takes_its_cut(built: Callable, tmp_path: Path,
+                                                                       model_type: str) -> None:
+    """No table row: transformers' own conversion for it equals Qwen2-MoE's, so the experts are cut alike."""
+    assert model_type not in MODEL_TYPES
+    directory, memory = built(model_type)
+    config = json.loads((directory / "config.json").read_text())
+    layout = hub_pieces({k: tuple(v.shape) for k, v in memory.items()}, config)
+    want = _saved(directory)
+    assert any(not p.whole for p in layout.pieces)
+    assert {p.name: _cut(memory[p.source], p).shape for p in layout.pieces} == {k: v.shape for k, v in want.items()}
+    assert all(torch.equal(_cut(memory[p.source], p), want[p.name]) for p in layout.pieces)
+    consolidate(_dcp(tmp_path / "ckpt", memory, dp=2), tmp_path / "out", reference=directory, progress=False)
+    got = _saved(tmp_path / "out")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    report = json.loads((tmp_path / "out" / "verification.json").read_text())
+    assert report["ok"] and report["from_pretrained"] == {"ok": True}
+    assert any("revert_weight_conversion" in n for n in report["architecture"]["notes"])
 
 
 def test_other_models_are_written_as_they_are() -> None:
