@@ -99,6 +99,38 @@ def _bad_choice_message(chain: List[BaseException]) -> Optional[str]:
     return None
 
 
+_TOKEN = re.compile(r"token recognition error at: '(?P<char>.+?)'|mismatched input '(?P<input>.+?)'")
+
+
+def _override_message(err: BaseException, chain: List[BaseException]) -> Optional[str]:
+    """An override Hydra's grammar cannot read (``run_dir=/runs/é``): the character, and the quoting that reads it.
+
+    Hydra reads an unquoted value only in its own grammar (ASCII letters and digits, ``/ . - _ : ~``...):
+    a non-ASCII directory name, or brackets in one, stops its lexer. Quoted for Hydra, and the
+    quotes quoted for the shell, the same value is read as it is (issue 49).
+    """
+    from hydra.errors import OverrideParseException
+
+    from fsdp_workflow.core.commands import hydra_value, shell
+
+    parse = next((e for e in chain if isinstance(e, OverrideParseException)), None)
+    override = getattr(parse, "override", None)
+    if parse is None or not isinstance(override, str) or "=" not in override:
+        return None
+    key, value = override.split("=", 1)
+    if value[:1] in ("'", '"') or value.startswith(("[", "{")):
+        return None  # already quoted, or a list or dict: Hydra's own message says where it broke
+    found = next((m for m in (_TOKEN.search(str(e)) for e in chain) if m), None)
+    what = (f"{found['char']!r} is not one of them" if found and found["char"] else
+            f"its grammar stops at {found['input']!r}" if found else "this value is not")
+    quoted = f"{key}={hydra_value(value)}"
+    # "key='value'" reads best; shlex's form where double quotes would expand or end something
+    typed = f'"{quoted}"' if not set('$`"\\!') & set(quoted) else shell([quoted])
+    return (f"{override}\n  why: Hydra reads an unquoted value only when it is plain ASCII letters, digits and "
+            f"/ . - _ : ~ + @ and a few more; {what}, so its lexer stops there\n"
+            f"  fix: quote the value for Hydra, and those quotes for the shell: {typed}")
+
+
 def describe(err: BaseException) -> str:
     """The lines (without a heading) that say what is wrong with the composed config and where.
 
@@ -119,6 +151,9 @@ def describe(err: BaseException) -> str:
             return _yaml_message(e)
     if isinstance(err, MissingConfigException):
         return _missing_option_message(str(err))
+    override = _override_message(err, chain)
+    if override is not None:
+        return override
     choice = _bad_choice_message(chain)
     if choice is not None:
         where = _config_file(err)
