@@ -20,6 +20,9 @@ dimensions and a range of the next, the rest whole. Inside any DCP chunk such a 
 contiguous byte range (FSDP2 shards dim 0, so an expert lies whole in one chunk), and the
 writer keeps copying byte ranges (:meth:`.reader.SourceTensor.select`).
 
+A ``model_type`` not in the table that transformers converts as one of its rows' patterns
+(Cohere2-MoE as Qwen2-MoE; ERNIE-4.5-MoE too, with a renaming besides) takes that row's cut
+(:data:`PATTERNS`, :func:`.saved_names.same_conversion_as`, asked at run time).
 A ``model_type`` not in the table whose transformers conversion only renames (Granite-MoE:
 ``block_sparse_moe.input_linear.weight`` on disk, ``experts.gate_up_proj`` in memory) is
 written under transformers' own reversed renamings (:mod:`.saved_names`), asked at run time.
@@ -35,7 +38,8 @@ transformers' own ``revert_weight_conversion`` (:mod:`.verify.architecture`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from .consolidation_errors import ConsolidationError
 from .jsontypes import JsonObject
@@ -61,6 +65,7 @@ class HubLayout:
     pattern: str  # transformers' name for the conversion (conversion_mapping.py's key)
     splits: tuple[Split, ...]
     renames: tuple[tuple[str, str], ...] = ()  # (in memory, saved) dotted fragments, on component boundaries
+    then: Callable[[str], str] | None = None  # transformers' extra renamings reversed (saved_names.Alike), applied last
 
 
 _GATE_UP = ("gate_proj.weight", "up_proj.weight")
@@ -127,14 +132,16 @@ def layout_for(config: JsonObject | None) -> HubLayout | None:
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     alike = same_conversion_as(model_type, tuple(PATTERNS))
-    return PATTERNS[alike] if alike else None
+    if alike is None:
+        return None
+    return replace(PATTERNS[alike.pattern], then=alike.then) if alike.then else PATTERNS[alike.pattern]
 
 
-def _rename(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+def _rename(name: str, layout: HubLayout) -> str:
     key = f".{name}."
-    for a, b in renames:
+    for a, b in layout.renames:
         key = key.replace(f".{a}.", f".{b}.")
-    return key[1:-1]
+    return layout.then(key[1:-1]) if layout.then else key[1:-1]
 
 
 def _split_of(name: str, layout: HubLayout) -> tuple[str, Split] | None:
@@ -206,7 +213,7 @@ def _cut(shapes: dict[str, Shape], layout: HubLayout, config: JsonObject | None,
     for name, shape in shapes.items():
         found = _split_of(name, layout)
         if found is None:
-            out.append(Piece(_rename(name, layout.renames), name, shape))
+            out.append(Piece(_rename(name, layout), name, shape))
             continue
         prefix, s = found
         k = len(s.parts)
@@ -219,7 +226,7 @@ def _cut(shapes: dict[str, Shape], layout: HubLayout, config: JsonObject | None,
         split += 1
         for e in range(shape[0]):
             for i, part in enumerate(s.parts):
-                out.append(Piece(_rename(f"{prefix}.{e}.{part}", layout.renames), name, (rows, shape[2]), (e,),
+                out.append(Piece(_rename(f"{prefix}.{e}.{part}", layout), name, (rows, shape[2]), (e,),
                                  (i * rows, (i + 1) * rows)))
     seen: dict[str, str] = {}
     for p in out:

@@ -87,28 +87,52 @@ def _signature(transform: object) -> tuple | None:
         return None
 
 
+@dataclass(frozen=True)
+class Alike:
+    """A model type converted as one of :mod:`.hub_layout`'s patterns, perhaps with plain renamings besides."""
+
+    pattern: str  # transformers' conversion name: "qwen2_moe", "mixtral", "phimoe"
+    then: Callable[[str], str] | None = None  # the extra renamings reversed, applied after the pattern's cut
+
+
 @functools.lru_cache(maxsize=None)
-def same_conversion_as(model_type: str, patterns: tuple[str, ...]) -> str | None:
-    """Which of ``patterns`` (transformers' conversion names, e.g. ``"qwen2_moe"``) converts ``model_type`` exactly alike.
+def same_conversion_as(model_type: str, patterns: tuple[str, ...]) -> Alike | None:
+    """Which of ``patterns`` (transformers' conversion names, e.g. ``"qwen2_moe"``) converts ``model_type`` alike.
 
     transformers maps many model types onto one conversion (Cohere2-MoE, dots1, GLM-4-MoE-Lite
     and a dozen more save their experts as Qwen2-MoE does); :mod:`.hub_layout` keeps one cut
-    per conversion, so a type whose transforms equal a pattern's, class for class and pattern
-    for pattern, takes that cut. One with anything more (an extra renaming: ERNIE-4.5-MoE) does not.
+    per conversion. A type whose transforms are a pattern's, class for class and pattern for
+    pattern, takes that cut; one with plain renamings besides (ERNIE-4.5-MoE, EXAONE-MoE and
+    MiniMax-M2 move their routers' score-correction bias) takes it with those renamings
+    reversed after it, as ``revert_weight_conversion`` renames a converter's output.
 
     Returns:
-        The pattern's name, or None (transformers absent, or no pattern alike).
+        The pattern and the extra renamings, or None (transformers absent, or nothing alike).
     """
     if not model_type or not _named_by_transformers(model_type):
         return None
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, apply_renamings
     except ImportError:
         return None
-    mine = [_signature(t) for t in get_checkpoint_conversion_mapping(model_type) or ()]
+    transforms = list(get_checkpoint_conversion_mapping(model_type) or ())
+    mine = [_signature(t) for t in transforms]
     if not mine or None in mine:
         return None
     for pattern in patterns:
-        if [_signature(t) for t in get_checkpoint_conversion_mapping(pattern) or ()] == mine:
-            return pattern
+        theirs = [_signature(t) for t in get_checkpoint_conversion_mapping(pattern) or ()]
+        left = list(theirs)
+        extra = []
+        for t, sig in zip(transforms, mine):
+            if sig in left:
+                left.remove(sig)
+            else:
+                extra.append(t)
+        if left or any(type(t) is not WeightRenaming for t in extra):
+            continue
+        if not extra:
+            return Alike(pattern)
+        reverse = [t.reverse_transform() for t in reversed(extra)]
+        return Alike(pattern, lambda name: apply_renamings(name, reverse))
     return None

@@ -64,6 +64,11 @@ RENAMED: Dict[str, Dict[str, Any]] = {
 ALIKE: Dict[str, Dict[str, Any]] = {
     "cohere2_moe": dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         eos_token_id=1, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False),
+    # alike but for a plain renaming besides (the router's score-correction bias), reversed after the cut
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_layer_start_index=0,
+                         tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0),
+    "minimax_m2": dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False, eos_token_id=1,
+                       bos_token_id=0),
 }
 
 
@@ -196,7 +201,8 @@ def test_names_unlike_the_reference_weights_are_a_note(built: Callable, tmp_path
 @pytest.mark.parametrize("model_type", sorted(ALIKE))
 def test_a_model_type_transformers_converts_as_a_pattern_takes_its_cut(built: Callable, tmp_path: Path,
                                                                        model_type: str) -> None:
-    """No table row: transformers' own conversion for it equals Qwen2-MoE's, so the experts are cut alike."""
+    """No table row: transformers' own conversion for it is Qwen2-MoE's or Mixtral's (plus plain renamings, reversed
+    after the cut), so the experts are cut alike and written as save_pretrained writes them."""
     assert model_type not in MODEL_TYPES
     directory, memory = built(model_type)
     config = json.loads((directory / "config.json").read_text())
