@@ -490,10 +490,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             import traceback
 
             traceback.print_exc()
-        from fsdp_workflow.config.hydra_errors import describe
+        from fsdp_workflow.config.hydra_errors import describe, unwritable_run_dir
 
-        detail = "\n".join("  " + line for line in describe(err).split("\n"))
-        print(f"fsdp_workflow: invalid config\n{detail}", file=sys.stderr)
+        unwritable = unwritable_run_dir(err, os.getcwd())  # a read-only working directory: not the config
+        heading = "cannot create the run directory" if unwritable else "invalid config"
+        detail = "\n".join("  " + line for line in (unwritable or describe(err)).split("\n"))
+        print(f"fsdp_workflow: {heading}\n{detail}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
     finally:
         _restore_full_error_env()

@@ -11,6 +11,8 @@ only when the user asked for it (``log_level=DEBUG`` or ``HYDRA_FULL_ERROR=1``).
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import re
 from typing import List, Optional
 
@@ -129,6 +131,33 @@ def _override_message(err: BaseException, chain: List[BaseException]) -> Optiona
     return (f"{override}\n  why: Hydra reads an unquoted value only when it is plain ASCII letters, digits and "
             f"/ . - _ : ~ + @ and a few more; {what}, so its lexer stops there\n"
             f"  fix: quote the value for Hydra, and those quotes for the shell: {typed}")
+
+
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_run_dir(err: BaseException, cwd: str) -> Optional[str]:
+    """Hydra could not create the run directory (a read-only or foreign working directory): the lines saying so.
+
+    With no ``run_dir=``, Hydra makes ``runs/NAME/TIME`` below the working directory before
+    anything of ours runs; from a read-only one (a container's image, a shared checkout) that
+    failed as an "invalid config" quoting ``[Errno 30]``. Nothing is wrong with the config: the
+    message names the directory and the two ways out (issue 49).
+
+    Returns:
+        ``run_dir = ...`` / why / fix lines, or None when ``err`` is not that.
+    """
+    chain = _chain(err)
+    found = next((e for e in chain if isinstance(e, OSError) and e.errno in _UNWRITABLE), None)
+    if found is None:
+        return None
+    # makedirs fails on the first level it cannot create; the chain's other errors name the whole path
+    names = [str(e.filename) for e in chain if isinstance(e, OSError) and e.filename]
+    target = os.path.abspath(os.path.join(cwd, max(names, key=len))) if names else cwd
+    refused = os.path.abspath(os.path.join(cwd, str(found.filename))) if found.filename else cwd
+    return (f"run_dir = {target!r} (where a run without run_dir= goes: below the working directory {cwd})\n"
+            f"  why: cannot create {refused}: {found.strerror}; nothing is wrong with the config\n"
+            f"  fix: run from a writable directory (cd to your project, or ~), or name one: run_dir=/writable/path/RUN")
 
 
 def describe(err: BaseException) -> str:

@@ -106,3 +106,23 @@ def test_a_path_that_cannot_work_is_refused_at_planning_naming_the_key(key: str,
     assert why.format(t=tmp_path) in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "OSError" not in res.stderr, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_read_only_working_directory_is_named_as_such_not_as_an_invalid_config(read_only_fs: Path, tmp_path: Path,
+                                                                                  sweep: bool) -> None:
+    """Issue 49, item 7: without run_dir=, Hydra makes runs/NAME/TIME below the working directory; from a
+    read-only one that was ``invalid config`` quoting ``[Errno 30]``. Now the directory, why and the fix."""
+    args = (*(("-m",) if sweep else ()), *SMOKE, *(("optimizer.lr=1e-3,1e-4",) if sweep else ()))
+    res = subprocess.run([sys.executable, "-m", "fsdp_workflow", *args], capture_output=True, text=True,
+                         cwd=read_only_fs, env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(ROOT)), timeout=120)
+    assert res.returncode == EXIT_USAGE, res.stderr[-3000:]
+    lines = res.stderr.splitlines()
+    assert lines[0] == "fsdp_workflow: cannot create the run directory" and "invalid config" not in res.stderr
+    assert f"run_dir = '{read_only_fs}/runs/smoke" in lines[1] and f"working directory {read_only_fs})" in lines[1]
+    assert f"why: cannot create {read_only_fs}/runs: Read-only file system" in lines[2]
+    assert lines[3].strip().startswith("fix: run from a writable directory") and "run_dir=/writable/path/RUN" in lines[3]
+    ok = subprocess.run([sys.executable, "-m", "fsdp_workflow", *args, f"run_dir={tmp_path / 'run'}"],
+                        capture_output=True, text=True, cwd=read_only_fs,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert ok.returncode == 0, ok.stderr[-3000:]  # the fix: a run_dir elsewhere, from the same directory
