@@ -96,11 +96,13 @@ def in_place_problem(out: Path) -> str | None:
     why = cannot_rename(out)
     if why is None or os.access(out, os.W_OK | os.X_OK):
         return None
-    kind = "a mount point" if why == "it is a mount point" else "a directory that cannot be renamed"
-    return (f"{out}: OUT is {kind} ({why}), so the model would be written into it in place, and this user "
-            f"cannot write into it ({'a read-only filesystem' if _read_only(out) else 'no write permission'}). "
-            "Mount it writable (docker run -v HOST_DIR:/output, without :ro), or choose an OUT you can write; "
-            "nothing was written")
+    mount = why == "it is a mount point"
+    fix = ("Mount it writable (docker run -v HOST_DIR:/output, without :ro)" if mount
+           else f"Give this user write permission on it (chmod u+w {out})")
+    return (f"{out}: OUT is {'a mount point' if mount else 'a directory that cannot be renamed'} ({why}), so the "
+            "model would be written into it in place, and this user cannot write into it "
+            f"({'a read-only filesystem' if _read_only(out) else 'no write permission'}). {fix}, or choose an OUT "
+            "you can write; nothing was written")
 
 
 def _read_only(path: Path) -> bool:
