@@ -328,3 +328,16 @@ def test_no_two_modules_share_a_name() -> None:
     assert new == {}, f"give each module a name of its own (git mv): {new}"
 
 
+
+
+def test_train_exit_json_has_one_reader() -> None:
+    """``train_exit.json`` is written by the trainer (``train/loop.record_exit``) and read by the run record
+    alone (``config/record.py``: ``RunRecord.train_exit`` / ``train_exit_since``); the trainer's peer-timeout
+    check and the local backend ask it. The rendered train script's ``sed`` is the last other reader
+    (issue 50, item 2)."""
+    readers = re.compile(r"train_exit\.(read_text|read_bytes|stat|open)\(|open\([^)]*train_exit|TRAIN_EXIT_FILE")
+    allowed = {"fsdp_workflow.core.rundir", "fsdp_workflow.config.record",
+               "fsdp_workflow.backends.slurm.scripts"}  # the sed in train.sbatch, still to go through a CLI
+    found = sorted(name for name, path in _modules().items()
+                   if name not in allowed and readers.search(path.read_text()))
+    assert found == [], f"modules reading train_exit.json themselves (ask config.record.open_run): {found}"

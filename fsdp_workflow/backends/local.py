@@ -40,7 +40,6 @@ its own, and gets the signals this command receives.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -54,7 +53,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from fsdp_workflow.backends.base import JobState, JobStatus, Role
 from fsdp_workflow.config.errors import ValidationReport
-from fsdp_workflow.config.record import RunRecord
+from fsdp_workflow.config.record import RunRecord, open_run
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
@@ -208,14 +207,12 @@ def resume_command(root: Path) -> str:
 
 
 def _train_exit(layout: RunDir, since: float) -> Optional[dict]:
-    """The trainer's ``train_exit.json`` when this launch wrote it (None: none, older, or unreadable)."""
-    try:
-        if layout.train_exit.stat().st_mtime < since - 1:
-            return None
-        data = json.loads(layout.train_exit.read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+    """The trainer's ``train_exit.json`` when this launch wrote it (None: none, older, or unreadable).
+
+    Asked of the run record, the file's one reader; a second of slack for filesystems whose
+    mtime is coarser than ``time.time()``.
+    """
+    return open_run(layout.root).train_exit_since(since - 1)
 
 
 def _failure_line(run: TrainRun, record: Optional[dict], log_path: Path) -> Tuple[int, str]:
