@@ -182,15 +182,19 @@ def _check_output_dir(cfg: WorkflowConfig, r: ValidationReport) -> None:
         return
     checkpoints = str(RunDir.of(str(cfg.run_dir)).checkpoints)
     overlap = output_overlap(out, checkpoints)  # the consolidation CLI applies the same rule to OUT
+    path = os.path.expanduser(out)
     if overlap:
         why = overlap
-    elif os.path.exists(os.path.expanduser(out)):
-        why = ("already exists: the consolidation job would refuse a directory it did not write, after training; "
-               "choose a new directory")
+    elif os.path.isdir(path) and not os.listdir(path):
+        return  # an empty directory (a container's bind-mounted /output): the job writes into it in place
+    elif os.path.exists(path):
+        why = ("already exists and is not empty: the consolidation job would refuse a directory it did not write, "
+               "after training; choose a new or empty directory")
     else:
         return
     r.error("consolidate.output_dir", out, why,
-            f"consolidate.output_dir=null (RUN_DIR/{HF_MODEL_DIR}), or a new directory outside RUN_DIR/{CHECKPOINTS_DIR}")
+            f"consolidate.output_dir=null (RUN_DIR/{HF_MODEL_DIR}), or a new or empty directory outside "
+            f"RUN_DIR/{CHECKPOINTS_DIR}")
 
 
 def check_consolidate(cfg: WorkflowConfig, r: ValidationReport) -> None:

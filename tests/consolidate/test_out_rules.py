@@ -243,3 +243,18 @@ def test_planner_passes_allow_nonfinite_and_overwrite(tmp_path: Path) -> None:
                    f"consolidate.output_dir={tmp_path / 'model'}"])
     argv = consolidate_argv(cfg, run_layout(cfg))
     assert "--allow-nonfinite" in argv and "--overwrite" not in argv  # a directory of the user's own: never replaced
+
+
+def test_planner_accepts_an_empty_output_dir_and_refuses_a_full_one(tmp_path: Path) -> None:
+    """A container's bind-mounted /output exists before the run and is empty: the consolidation job writes
+    into it in place (issue 49, item 5), so planning accepts it; one holding files is still refused."""
+    from fsdp_workflow.config.load import compose
+    from fsdp_workflow.config.validate import validate
+
+    out = tmp_path / "output"
+    out.mkdir()
+    cfg = compose(["+experiment=smoke", f"run_dir={tmp_path / 'run'}", f"consolidate.output_dir={out}"])
+    assert [i for i in validate(cfg).errors if i.key == "consolidate.output_dir"] == []
+    (out / "old.bin").write_bytes(b"x")
+    errors = [i for i in validate(cfg).errors if i.key == "consolidate.output_dir"]
+    assert len(errors) == 1 and "not empty" in errors[0].format(), errors
