@@ -36,8 +36,8 @@ CHAT = [{"messages": [{"role": "user", "content": f"What is {i} plus one?"},
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fsdp_workflow", "+experiment=smoke_chat", "dry_run=true", *args],
-                          capture_output=True, text=True, cwd=cwd, env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(ROOT)),
-                          timeout=120)
+                          capture_output=True, text=True, cwd=cwd, timeout=120,
+                          env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(ROOT)))
 
 
 def _fix(stderr: str) -> List[str]:
