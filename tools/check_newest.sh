@@ -48,15 +48,32 @@ case "$mode" in
         "$V" -m pip install -q --disable-pip-version-check --upgrade "${SEAM_LIBS[@]}" || true ;;
     oldest)
         # each requirement's lower bound, pinned (torch aside: kept at the installed build)
-        "$V" - "$ROOT/pyproject.toml" > "$venv/oldest.txt" <<'EOF'
-import re, sys
+        "$V" -m pip install -q --disable-pip-version-check packaging  # to compare versions below
+        "$V" - "$ROOT/pyproject.toml" > "$venv/oldest.txt" <<'PYEOF'
+import re, subprocess, sys
+from packaging.version import InvalidVersion, Version
+
 text = open(sys.argv[1]).read()
-for req in re.findall(r'"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*(>=[^"]*)"', text):
-    name, spec = req
+seen = set()
+for name, spec in re.findall(r'"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*(>=[^"]*)"', text):
     low = re.match(r">=\s*([0-9][^,;\s]*)", spec)
-    if low and name.lower() not in ("torch", "setuptools", "wandb", "trackio", "deepspeed", "torchao"):
-        print(f"{name}=={low.group(1)}")
-EOF
+    key = name.lower()
+    if not low or key in seen or key in ("torch", "setuptools", "wandb", "trackio", "deepspeed", "torchao"):
+        continue
+    seen.add(key)
+    # the lowest release at or above the bound: a bound like 0.23 names no release when 0.23.0 never was
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", name, "--disable-pip-version-check"],
+                         capture_output=True, text=True).stdout
+    found = re.search(r"Available versions: (.*)", out)
+    versions = []
+    for v in found.group(1).split(", ") if found else []:
+        try:
+            versions.append(Version(v))
+        except InvalidVersion:  # regex once numbered its releases 2013-12-31
+            pass
+    ok = sorted(v for v in versions if not v.is_prerelease and v >= Version(low.group(1)))
+    print(f"{name}=={ok[0] if ok else low.group(1)}")
+PYEOF
         echo "[check] lower bounds: $(tr '\n' ' ' < "$venv/oldest.txt")" >&2
         "$V" -m pip install -q --disable-pip-version-check -c "$venv/oldest.txt" -e ".[dev]" ;;
 esac
