@@ -200,7 +200,14 @@ def test_unicode_text_gives_the_rust_tokenizers_ids_and_offsets(unicode_text: Pa
     assert (UNICODE_STRINGS[4] in served) == (shape != "qwen2")  # e + combining acute, under NFC
     assert (UNICODE_STRINGS[8] in served) == (shape == "gpt2")  # ſ/K/İ beside a (?i:'s|...) group
     assert all(text in served for text in texts if text.isascii())
-    assert len(served) >= 0.5 * len(texts)
+    # refused only where it must: each refused text holds a character the two engines class differently (or a case
+    # fold, or the normaliser's work left to do), found by asking Oniguruma itself. Which characters those are moves
+    # with the regex release's Unicode tables (regex 2026.12 refuses about 20 more of the random strings' characters
+    # than 2026.5), so the floor below is loose and the refusals are checked one by one.
+    for text in texts:
+        if text not in served:
+            assert any(piece and not cache._unicode_ok(piece) for piece in text.split("<|im_end|>")), (shape, text)
+    assert len(served) >= 0.4 * len(texts)
 
 
 def test_shapes_the_word_cache_cannot_match_are_refused() -> None:
