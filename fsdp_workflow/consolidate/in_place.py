@@ -32,6 +32,7 @@ from pathlib import Path
 
 from fsdp_workflow.core.lock import Lock, read_holder
 from fsdp_workflow.core.modeldir import VERIFICATION_FILE
+from fsdp_workflow.core.rundir import fsync_dir
 
 from .consolidation_errors import ConsolidationError
 
@@ -167,14 +168,6 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def commit_in_place(staging: Path, out: Path) -> None:
     """Move the verified model from ``staging`` (inside ``out``) into ``out``, replacing what ``out`` held.
 
@@ -200,7 +193,7 @@ def commit_in_place(staging: Path, out: Path) -> None:
         for name in new:
             os.rename(staging / name, out / name)
             moved_new.append(name)
-        _fsync_dir(out)
+        fsync_dir(out)
     except OSError as exc:
         for name in reversed(moved_new):  # the new model out again, then the earlier entries back
             _remove(out / name)
