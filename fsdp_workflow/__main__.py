@@ -35,7 +35,6 @@ from omegaconf import DictConfig
 
 from fsdp_workflow.config import CONF_DIR, register_configs, register_resolvers
 from fsdp_workflow.core.exit_codes import EXIT_FAILURE, EXIT_USAGE, SWEEP_STOPPING, worst
-from fsdp_workflow.core.rundir import SUBMIT_SCRIPT
 
 register_configs()
 register_resolvers()
@@ -218,7 +217,9 @@ def _launch(cfg, plan, lock) -> int:
     backend = backend_for(cfg)
     if cfg.dry_run:
         print(f"dry run: wrote {plan.run_dir} ({', '.join(written_names(plan))}); nothing submitted.")
-        print("submit the same chain later with: " + shlex.join(["bash", str(plan.layout.script(SUBMIT_SCRIPT))]))
+        command = backend.submit_command(plan.layout)  # the backend's own way (Slurm's and local's: submit.sh)
+        if command:
+            print("submit the same chain later with: " + shlex.join(command))
         for line in backend.dry_run_notes(str(plan.run_dir)):
             print(line)
         return 0

@@ -209,6 +209,10 @@ class Backend(Protocol):
         """Lines a dry run prints after what it wrote (what it did not check)."""
         ...
 
+    def submit_command(self, layout: "RunDir") -> Optional[List[str]]:
+        """The argv that submits a dry run's chain later, as this backend submits it (None: it has none)."""
+        ...
+
     def job_status(self, record: "RunRecord", role: str, job_id: str) -> JobStatus:
         """What ``status`` says about job ``job_id`` of ``jobs.txt`` (``role``: its line's first word)."""
         ...

@@ -59,7 +59,7 @@ from fsdp_workflow.core.commands import local_resume_argv, shell
 from fsdp_workflow.core.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_USAGE, MEANINGS
 from fsdp_workflow.core.lifeline import child_dies_with_me
 from fsdp_workflow.core.lock import Lock, LockHeld, LockUnsupported, acquire
-from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.core.rundir import SUBMIT_SCRIPT, RunDir
 from fsdp_workflow.backends.finished import finished_message
 from fsdp_workflow.backends.slurm.scripts import render_all
 from fsdp_workflow.backends.torchrun_io import OutputFilter, descendants, output_channel
@@ -491,6 +491,9 @@ class LocalBackend:
 
     def dry_run_notes(self, run_dir: str) -> List[str]:
         return []
+
+    def submit_command(self, layout: RunDir) -> Optional[List[str]]:
+        return ["bash", str(layout.script(SUBMIT_SCRIPT))]  # a local run directory holds the batch scripts too
 
     def job_status(self, record: RunRecord, role: str, job_id: str) -> JobStatus:
         return JobStatus(role=role, job_id=job_id, status=JobState.UNKNOWN.word,

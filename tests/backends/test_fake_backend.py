@@ -81,6 +81,9 @@ class FakeScheduler:
     def dry_run_notes(self, run_dir: str) -> List[str]:
         return [f"fake scheduler: nothing asked of it for {run_dir}"]
 
+    def submit_command(self, layout: RunDir) -> Optional[List[str]]:
+        return ["fake-submit", str(layout.root / CHAIN_FILE)]
+
     def job_status(self, record: RunRecord, role: str, job_id: str) -> JobStatus:
         state = self.states([job_id])[job_id]
         return JobStatus(role=role, job_id=job_id, status=state.word, slurm_state=state.value, source="fake")
@@ -138,6 +141,8 @@ def test_a_dry_run_writes_what_the_fake_renders_and_submits_nothing(fake: FakeSc
     _plan(run, "dry_run=true")
     out = capsys.readouterr().out
     assert "fake scheduler: nothing asked of it" in out  # the backend's own dry-run notes
+    # the backend's own way to submit it later, not Slurm's submit.sh (which the fake never rendered)
+    assert f"submit the same chain later with: fake-submit {run / CHAIN_FILE}" in out and "submit.sh" not in out
     chain = (run / CHAIN_FILE).read_text().splitlines()
     assert [line.split()[0] for line in chain] == [Role.prepare, Role.train, Role.consolidate]
     assert "after=train" in chain[2]

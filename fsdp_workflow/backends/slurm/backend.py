@@ -16,7 +16,7 @@ from fsdp_workflow.config.record import RunRecord
 from fsdp_workflow.config.errors import ValidationReport
 from fsdp_workflow.config.schema import ClusterKind, WorkflowConfig
 from fsdp_workflow.core.lock import Lock
-from fsdp_workflow.core.rundir import RunDir
+from fsdp_workflow.core.rundir import SUBMIT_SCRIPT, RunDir
 from fsdp_workflow.plan.jobs import LaunchPlan
 from fsdp_workflow.plan.spec import build_plan
 
@@ -67,6 +67,9 @@ class SlurmBackend:
     def dry_run_notes(self, run_dir: str) -> List[str]:
         # the partition/node/QoS limits are read only at submission (or by fsdp_workflow.check)
         return [skipped_line(run_dir)]
+
+    def submit_command(self, layout: RunDir) -> Optional[List[str]]:
+        return ["bash", str(layout.script(SUBMIT_SCRIPT))]
 
     def job_status(self, record: RunRecord, role: str, job_id: str) -> JobStatus:
         return job_status(record, role, job_id)
