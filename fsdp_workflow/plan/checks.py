@@ -21,7 +21,7 @@ from fsdp_workflow.container.image_checks import check_container_steps
 from fsdp_workflow.data import plan_checks as data_checks
 from fsdp_workflow.data.rules_path import check_data_paths
 from fsdp_workflow.plan.inputs import check_eval_data
-from fsdp_workflow.plan.resume_changes import check_resume_changes, check_resume_model
+from fsdp_workflow.plan.resume_changes import check_resume
 
 
 def check(cfg: WorkflowConfig) -> ValidationReport:
@@ -37,7 +37,7 @@ def check(cfg: WorkflowConfig) -> ValidationReport:
     make_paths_absolute(cfg)  # against the working directory: config.yaml means the same files from anywhere
     notes = resolve_model(cfg) + settle_compile(cfg)  # what the run will do, before the rules judge it
     report = validate(cfg, extra_rules=[check_container_steps, check_data_paths, *data_checks.RULES, check_eval_data,
-                                          check_resume_changes, check_resume_model])
+                                          check_resume])
     report.notes[:0] = notes
     report.errors.extend(path_issues(cfg))
     return report

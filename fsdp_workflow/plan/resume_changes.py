@@ -9,8 +9,8 @@ Resumed with another ``train.seq_len``, the data is packed again: the saved posi
 counts samples of the old packing, so in the new one it lands elsewhere in the
 documents (some trained again, others skipped this epoch). Both ran without a word.
 
-:func:`check_resume_changes` compares the config with the one recorded beside the
-checkpoint (``RUN/config.yaml`` of ``checkpoint.resume=RUN/checkpoints/step-N``) and
+:func:`check_resume` reads the config recorded beside the checkpoint once (``RUN/config.yaml`` of
+``checkpoint.resume=RUN/checkpoints/step-N``); :func:`check_resume_changes` compares the config with it and
 warns once, on ``checkpoint.resume``, naming each change and how to keep the old
 batch. It reads that one YAML file: no torch.
 """
@@ -86,16 +86,33 @@ def resume_changes(old: WorkflowConfig, new: WorkflowConfig, step: Optional[int]
     return changes, fixes
 
 
-def check_resume_changes(cfg: WorkflowConfig, r: ValidationReport) -> None:
-    """Warn once when ``checkpoint.resume`` continues a run with another global batch or ``train.seq_len``."""
+def _resumed_run(cfg: WorkflowConfig) -> Optional[Tuple[Path, Optional[int], WorkflowConfig]]:
+    """The run ``checkpoint.resume`` continues, the step it names and that run's recorded config (read once).
+
+    None when it names no run directory, or its ``config.yaml`` does not load (another version's
+    or a hand-edited record: nothing to compare with; the trainer compares the weights).
+    """
     found = _checkpoint_run(cfg.checkpoint.resume or "")
     if found is None:
-        return
+        return None
     root, step = found
     try:
-        old = load_run_config(root)
-    except Exception:  # noqa: BLE001 - another version's or a hand-edited record: nothing to compare with
-        return
+        return root, step, load_run_config(root)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
+def check_resume(cfg: WorkflowConfig, r: ValidationReport) -> None:
+    """The planning rules of a resume onto a recorded run: its model's shape, then what else changed."""
+    resumed = _resumed_run(cfg)
+    if resumed is not None:
+        check_resume_model(cfg, r, *resumed)
+        check_resume_changes(cfg, r, *resumed)
+
+
+def check_resume_changes(cfg: WorkflowConfig, r: ValidationReport, root: Path, step: Optional[int],
+                         old: WorkflowConfig) -> None:
+    """Warn once when ``checkpoint.resume`` continues a run with another global batch or ``train.seq_len``."""
     changes, fixes = resume_changes(old, cfg, step)
     if not changes:
         return
@@ -111,21 +128,14 @@ SHAPE_KEYS = ("model_type", "architecture", "vocab_size", "hidden_size", "interm
               "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
 
 
-def check_resume_model(cfg: WorkflowConfig, r: ValidationReport) -> None:
+def check_resume_model(cfg: WorkflowConfig, r: ValidationReport, root: Path, step: Optional[int],
+                       old: WorkflowConfig) -> None:
     """Refuse a resume onto a model of another shape at planning, before ``config.yaml`` is rewritten.
 
     The trainer refused it too (:func:`fsdp_workflow.train.resume.model_problem`), but only after
     the planner had recorded the new config: ``status`` then offered a resume command repeating
     the refused override. Here nothing is written, and the fix names the recorded value.
     """
-    found = _checkpoint_run(cfg.checkpoint.resume or "")
-    if found is None:
-        return
-    root, step = found
-    try:
-        old = load_run_config(root)
-    except Exception:  # noqa: BLE001 - another version's or a hand-edited record: the trainer compares the weights
-        return
     where = f"{root / CHECKPOINTS_DIR}/step-{step}" if step is not None else str(root)
     for key in SHAPE_KEYS:
         was, now = getattr(old.model, key), getattr(cfg.model, key)
@@ -139,4 +149,4 @@ def check_resume_model(cfg: WorkflowConfig, r: ValidationReport) -> None:
                     f"(run_dir={root}-2 checkpoint.resume=auto)")
 
 
-__all__ = ["SHAPE_KEYS", "check_resume_changes", "check_resume_model", "resume_changes"]
+__all__ = ["SHAPE_KEYS", "check_resume", "check_resume_changes", "check_resume_model", "resume_changes"]

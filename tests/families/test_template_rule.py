@@ -114,14 +114,20 @@ def test_markers_the_vocabulary_splits_are_refused_at_planning(
     assert not run_dir.exists()  # nothing was written
 
 
-def test_a_base_model_whose_vocabulary_splits_the_fallback_is_refused(
-        replica: Callable[[Replica], Path], tmp_path: Path) -> None:
-    """Gemma's vocabulary without its template: smoke_chat's fallback chatml cannot train either."""
+def gemma_without_template(replica: Callable[[Replica], Path], tmp_path: Path) -> Path:
+    """A copy of the Gemma replica whose tokenizer has no chat template: Gemma's vocabulary, no template."""
     base = tmp_path / "gemma-base"
     shutil.copytree(replica(GEMMA), base)
     config = json.loads((base / "tokenizer_config.json").read_text())
     del config["chat_template"]
     (base / "tokenizer_config.json").write_text(json.dumps(config))
+    return base
+
+
+def test_a_base_model_whose_vocabulary_splits_the_fallback_is_refused(
+        replica: Callable[[Replica], Path], tmp_path: Path) -> None:
+    """Gemma's vocabulary without its template: smoke_chat's fallback chatml cannot train either."""
+    base = gemma_without_template(replica, tmp_path)
     proc = _dry_run([f"model.name_or_path={base}", f"run_dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "data.chat_template" in proc.stderr and "fallback_chat_template=chatml" in proc.stderr
@@ -139,11 +145,7 @@ def test_the_fix_for_a_directory_without_a_template_is_one_its_vocabulary_can_sp
     """data=chat_jsonl names no template: the fix offers chatml only where its markers are tokens, and it plans."""
     from fsdp_workflow.plan.checks import check
 
-    base = tmp_path / "gemma-base"
-    shutil.copytree(replica(GEMMA), base)
-    config = json.loads((base / "tokenizer_config.json").read_text())
-    del config["chat_template"]
-    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    base = gemma_without_template(replica, tmp_path)
     data = ["data=chat_jsonl", f"data.path={CONF_DIR.parent / 'assets' / 'smoke' / 'chat.jsonl'}", "dry_run=true"]
     fixes = {}
     for name, directory in (("gemma", base), ("base", replica(BASE))):
