@@ -30,8 +30,6 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-# the libraries whose releases change what a run does (fsdp_workflow/core/versions.py), and theirs
-SEAM_LIBS=(transformers accelerate safetensors tokenizers huggingface_hub kernels datasets hydra-core submitit)
 
 echo "[check] fresh virtual environment $venv ($mode)" >&2
 rm -rf "$venv"
@@ -39,13 +37,17 @@ rm -rf "$venv"
 V="$venv/bin/python"
 "$V" -m pip install -q --disable-pip-version-check "${FSDP_WORKFLOW_TORCH_SPEC:-torch==$(sed -n 's/^torch==//p' requirements/cpu.txt)}"
 
+# the libraries whose releases change what a run does, as --version lists them (GPU builds and extras aside);
+# asked of the installed package, so the list is fsdp_workflow/core/versions.py's alone
+seam_libs() { "$V" -c 'from fsdp_workflow.core.versions import BUILDS, LIBRARIES; print(*(n for n in LIBRARIES if n not in BUILDS))'; }
+
 case "$mode" in
     ranges)
         "$V" -m pip install -q --disable-pip-version-check -e ".[dev]" ;;
     unbounded)
         "$V" -m pip install -q --disable-pip-version-check -e ".[dev]"
         # past our upper bounds on purpose: pip reports the conflict with fsdp_workflow's ranges
-        "$V" -m pip install -q --disable-pip-version-check --upgrade "${SEAM_LIBS[@]}" || true ;;
+        "$V" -m pip install -q --disable-pip-version-check --upgrade $(seam_libs) || true ;;
     oldest)
         # each requirement's lower bound, pinned (torch aside: kept at the installed build)
         "$V" -m pip install -q --disable-pip-version-check packaging  # to compare versions below
@@ -103,7 +105,7 @@ for name in sorted(set(lock) | set(now)):
 PYEOF
 )
 seam_moved=""
-for lib in torch "${SEAM_LIBS[@]}"; do
+for lib in torch $(seam_libs); do
     key=$(echo "$lib" | sed 's/[-_.]\+/-/g' | tr 'A-Z' 'a-z')
     line=$(echo "$moved" | grep "^$key " || true)
     [ -n "$line" ] && seam_moved="$seam_moved${seam_moved:+, }$line"

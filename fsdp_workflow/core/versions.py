@@ -26,8 +26,10 @@ from typing import Dict, List, Optional
 
 # The libraries whose version changes what a run does, in the order --version prints them.
 # Distribution names (as pip knows them), not module names.
-LIBRARIES = ("torch", "transformers", "accelerate", "safetensors", "tokenizers", "huggingface_hub",
+LIBRARIES = ("torch", "transformers", "accelerate", "safetensors", "tokenizers", "huggingface_hub", "kernels",
              "datasets", "hydra-core", "omegaconf", "submitit", "deepspeed", "torchao")
+# Of those, the ones a release of which needs a GPU build or an extra (tools/check_newest.sh --unbounded leaves them)
+BUILDS = ("torch", "deepspeed", "torchao")
 
 DIST = "fsdp_workflow"
 LOCK_DIR = "requirements"  # beside pyproject.toml: cpu.txt, cuda.txt, common.txt
@@ -83,14 +85,15 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def outside_tested(versions: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
+def outside_tested(versions: Optional[Dict[str, Optional[str]]] = None,
+                   ranges: Optional[Dict[str, str]] = None) -> List[str]:
     """One line per installed library outside the range this fsdp_workflow declares (tested)."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
     versions = installed() if versions is None else versions
     out = []
-    for name, spec in declared().items():
+    for name, spec in (declared() if ranges is None else ranges).items():
         found = versions.get(name)
         if not found or not spec:
             continue
@@ -110,14 +113,14 @@ def report() -> str:
         ours = metadata.version(DIST)
     except metadata.PackageNotFoundError:
         ours = "(not installed: run from a checkout)"
-    ranges = declared()
+    ranges, found = declared(), installed()
     lines = [f"fsdp_workflow {ours}"]
-    for name, version in installed().items():
+    for name, version in found.items():
         if version is None and name in ("deepspeed", "torchao"):
             continue  # optional extras, not installed
         spec = ranges.get(name)
         lines.append(f"  {name:<16} {version or 'not installed':<16}" + (f" tested: {spec}" if spec else ""))
-    problems = outside_tested()
+    problems = outside_tested(found, ranges)
     if problems:
         lines.append("untested versions (docs/contributing.md, 'Dependencies'; bash tools/install.sh installs "
                      "the tested set):")
@@ -127,4 +130,4 @@ def report() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LIBRARIES", "declared", "installed", "outside_tested", "report"]
+__all__ = ["BUILDS", "LIBRARIES", "declared", "installed", "outside_tested", "report"]
